@@ -1,0 +1,1 @@
+"""jaxnorm: normalization for deep networks in JAX."""

@@ -1,0 +1,152 @@
+"""How optimizer state transforms when the parameters are rescaled: one table for every wrapper.
+
+If every parameter entry is multiplied by a positive factor, ``w' = w * m`` (ENorm's producer and
+consumer scalings, WRS's ``w' = w / s``, a BWN projection), the loss gradient transforms inversely,
+``g' = g / m`` (Stock et al., *Equi-normalization of neural networks*, ICLR 2019, Sec. 3.6, Eq. 10).
+Optimizer statistics that accumulate gradients (SGD momentum, Adam's first moment, EMAs of updates)
+therefore transform as ``x' = x / m``, statistics of squared gradients (Adam's ``nu``, RMSProp,
+Adagrad) as ``x' = x / m**2``. Counters, hyperparameters and RNG keys are left alone.
+
+:func:`rescale_state` walks an optax state with the rules below; :func:`register_state_rule` adds
+the rule of a state type jaxnorm does not know. A state that holds arrays and has no rule raises a
+``TypeError`` naming its type, rather than being silently left inconsistent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = ["StateRule", "register_state_rule", "rescale_state", "state_rule"]
+
+PyTree = Any
+
+
+class StateRule(NamedTuple):
+    """Which fields of a NamedTuple optimizer state hold what.
+
+    Attributes:
+      first: fields shaped like the params that transform like gradients (``x / m``).
+      second: fields shaped like the params that transform like squared gradients (``x / m**2``).
+      nested: fields holding an inner optimizer state (recursed into with the same multipliers).
+    """
+
+    first: tuple[str, ...] = ()
+    second: tuple[str, ...] = ()
+    nested: tuple[str, ...] = ()
+
+
+_RULES: dict[type, StateRule] = {
+    optax.EmptyState: StateRule(),
+    optax.ScaleByScheduleState: StateRule(),
+    optax.AddNoiseState: StateRule(),
+    optax.TraceState: StateRule(first=("trace",)),
+    optax.EmaState: StateRule(first=("ema",)),
+    optax.ScaleByAdamState: StateRule(first=("mu",), second=("nu",)),
+    optax.ScaleByAmsgradState: StateRule(first=("mu",), second=("nu", "nu_max")),
+    optax.ScaleByBeliefState: StateRule(first=("mu",), second=("nu",)),
+    optax.ScaleByRmsState: StateRule(second=("nu",)),
+    optax.ScaleByRssState: StateRule(second=("sum_of_squares",)),
+    optax.ScaleByRStdDevState: StateRule(first=("mu",), second=("nu",)),
+    optax.ScaleByLionState: StateRule(first=("mu",)),
+    optax.InjectHyperparamsState: StateRule(nested=("inner_state",)),
+    optax.InjectStatefulHyperparamsState: StateRule(nested=("inner_state",)),
+    optax.MaskedState: StateRule(nested=("inner_state",)),
+    optax.ConditionallyTransformState: StateRule(nested=("inner_state",)),
+    optax.ConditionallyMaskState: StateRule(nested=("inner_state",)),
+    optax.PartitionState: StateRule(nested=("inner_states",)),
+}
+
+
+def register_state_rule(
+    state_type: type,
+    *,
+    first: tuple[str, ...] = (),
+    second: tuple[str, ...] = (),
+    nested: tuple[str, ...] = (),
+) -> None:
+    """Teach :func:`rescale_state` how a custom optimizer state transforms.
+
+    Args:
+      state_type: the NamedTuple class of the state.
+      first: params-shaped fields that transform like gradients.
+      second: params-shaped fields that transform like squared gradients.
+      nested: fields holding an inner optax state.
+    """
+    unknown = set(first + second + nested) - set(getattr(state_type, "_fields", ()))
+    if unknown:
+        raise ValueError(f"register_state_rule: {state_type.__name__} has no fields {sorted(unknown)}")
+    _RULES[state_type] = StateRule(first, second, nested)
+
+
+def state_rule(state_type: type) -> StateRule | None:
+    """The registered rule of ``state_type``, or ``None``."""
+    return _RULES.get(state_type)
+
+
+def _is_masked(x: Any) -> bool:
+    return isinstance(x, optax.MaskedNode)
+
+
+def _divide(field: PyTree, multipliers: PyTree, power: int) -> PyTree:
+    def leaf(state_leaf, multiplier):
+        if multiplier is None or _is_masked(state_leaf):
+            return state_leaf
+        factor = multiplier if power == 1 else jnp.square(multiplier)
+        return (state_leaf / factor).astype(state_leaf.dtype)
+
+    return jax.tree.map(
+        leaf, field, multipliers, is_leaf=lambda x: x is None or _is_masked(x)
+    )
+
+
+def _has_arrays(node: Any) -> bool:
+    return any(jnp.ndim(leaf) > 0 for leaf in jax.tree.leaves(node))
+
+
+def rescale_state(state: PyTree, multipliers: PyTree) -> PyTree:
+    """Transform an optax state for the parameter rescaling ``w' = w * multipliers``.
+
+    Gradient-like fields become ``x / m``, squared-gradient fields ``x / m**2`` (Stock et al. 2019,
+    Eq. 10); the product ``first_moment * w`` is invariant. Chains (tuples), ``inject_hyperparams``,
+    ``masked`` and ``conditionally_*`` states are recursed into.
+
+    Args:
+      state: an optax state, e.g. ``tx.init(params)``.
+      multipliers: a tree with the params' structure whose leaves broadcast against the params leaves
+        (a per-unit vector of shape ``(out,)`` for a ``(in, out)`` kernel, a full array, or ``None``
+        for a leaf left unchanged).
+
+    Returns:
+      The state with the same structure and dtypes.
+
+    Raises:
+      TypeError: a state node that holds arrays and has no registered rule.
+    """
+    if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        return tuple(rescale_state(inner, multipliers) for inner in state)
+    if isinstance(state, list):
+        return [rescale_state(inner, multipliers) for inner in state]
+    if isinstance(state, dict):  # optax.partition / multi_transform: one state per label
+        return {key: rescale_state(inner, multipliers) for key, inner in state.items()}
+    rule = _RULES.get(type(state))
+    if rule is None:
+        if not _has_arrays(state):  # counters, RNG keys, empty states
+            return state
+        raise TypeError(
+            f"rescale_state: no rule for optimizer state {type(state).__name__} with fields "
+            f"{getattr(state, '_fields', '?')}; register one with "
+            "jaxnorm.optim.state.register_state_rule(type, first=..., second=..., nested=...)"
+        )
+    updates: dict[str, PyTree] = {}
+    for name in rule.first:
+        updates[name] = _divide(getattr(state, name), multipliers, 1)
+    for name in rule.second:
+        updates[name] = _divide(getattr(state, name), multipliers, 2)
+    for name in rule.nested:
+        updates[name] = rescale_state(getattr(state, name), multipliers)
+    return state._replace(**updates) if updates else state
+
