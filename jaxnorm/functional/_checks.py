@@ -1,0 +1,56 @@
+"""Argument checks shared by the functional core: one wording for every error."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import jax.numpy as jnp
+
+PNorm = Literal[1, 2, "inf"]
+
+
+def canonical_p(p: object, name: str = "p") -> PNorm:
+    """Return ``1``, ``2`` or ``"inf"``; accepts ``float("inf")``, ``jnp.inf`` and ``"inf"``."""
+    if isinstance(p, str):
+        if p.lower() in ("inf", "infinity"):
+            return "inf"
+    elif isinstance(p, int | float) and not isinstance(p, bool):
+        if p == 1:
+            return 1
+        if p == 2:
+            return 2
+        if math.isinf(p) and p > 0:
+            return "inf"
+    raise ValueError(f"{name} must be 1, 2 or 'inf' (float('inf') also accepted), got {p!r}")
+
+
+def check_floating(x: jnp.ndarray, name: str = "x") -> None:
+    """Raise ``TypeError`` unless ``x`` has a floating dtype."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        raise TypeError(
+            f"{name} must have a floating dtype (float32, bfloat16, float16, float64), "
+            f"got {jnp.result_type(x)}; cast it first, e.g. {name}.astype(jnp.float32)"
+        )
+
+
+def canonical_axes(axis: int | Sequence[int], ndim: int, name: str = "axis") -> tuple[int, ...]:
+    """Normalise an int or sequence of ints to sorted non-negative axes, checking the range."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, int) or isinstance(a, bool):
+            raise TypeError(f"{name} must be an int or a tuple of ints, got {axis!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{name}={axis!r} is out of range for an input of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}={axis!r} names the same axis twice")
+    return tuple(sorted(out))
+
+
+def check_positive_int(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value

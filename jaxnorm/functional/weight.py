@@ -1,0 +1,131 @@
+"""Weight-space normalizations: per-unit norms, weight norm, scaled / bounded weight norm, scaled WS.
+
+Layouts follow Flax: a Dense kernel is ``(in, out)``, a Conv kernel ``HWIO``, so the output unit is the
+last axis and a unit's weight vector is the slice ``w[..., j]``. Every per-unit quantity below reduces
+over all axes but the last and has shape ``(out,)``.
+
+References:
+  Salimans & Kingma, *Weight normalization* (NeurIPS 2016), Sec. 2 (Eq. 2) and Sec. 3 (data-dependent init).
+  Arpit, Campos & Bengio, *How to initialize your network? Robust initialization for WeightNorm & ResNets*
+    (NeurIPS 2019); Arpit, *Normalization techniques* (slides, ../shared/papers/001), Sec. 5.
+  Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 4 (bounded weight norm).
+  Qiao et al., *Micro-batch training with batch-channel normalization and weight standardization* (2019);
+  Brock et al., *High-performance large-scale image recognition without normalization* (2021), Sec. 3 (scaled WS).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm.functional._checks import check_floating
+
+__all__ = [
+    "bounded_weight_norm",
+    "fans",
+    "project_to_norm",
+    "scaled_weight_norm",
+    "unit_norm",
+    "weight_norm",
+    "weight_standardization",
+]
+
+
+def _unit_axes(w: jnp.ndarray, name: str) -> tuple[int, ...]:
+    check_floating(w, name)
+    if w.ndim < 2:
+        raise ValueError(
+            f"{name} must be a kernel with the output unit on the last axis (rank >= 2: Dense (in, out), "
+            f"Conv HWIO), got shape {w.shape}"
+        )
+    return tuple(range(w.ndim - 1))
+
+
+def _unit_sumsq(w: jnp.ndarray, name: str) -> jnp.ndarray:
+    """Sum of squares per output unit, accumulated in at least float32, shape ``(1, ..., 1, out)``."""
+    w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
+    return jnp.sum(jnp.square(w32), axis=_unit_axes(w, name), keepdims=True)
+
+
+def fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(fan_in, fan_out)`` of a kernel: Dense ``(in, out)``; Conv ``(*window, in, out)``.
+
+    fan_in = in * prod(window), fan_out = out * prod(window) (Arpit et al. 2019, Sec. 3).
+    """
+    if len(shape) < 2:
+        raise ValueError(f"fans needs a kernel shape of rank >= 2, got {shape}")
+    receptive = math.prod(shape[:-2])
+    return shape[-2] * receptive, shape[-1] * receptive
+
+
+def unit_norm(w: jnp.ndarray, *, epsilon: float = 0.0) -> jnp.ndarray:
+    """L2 norm of each output unit's weight vector: ``sqrt(sum_{i} w[i, j]**2 + epsilon)``, shape ``(out,)``.
+
+    Computed in float32 for bf16/f16 kernels; returned in that precision.
+    """
+    return jnp.sqrt(_unit_sumsq(w, "w") + epsilon).reshape(w.shape[-1])
+
+
+def project_to_norm(w: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float = 1e-12) -> jnp.ndarray:
+    """Rescale each output unit of ``w`` to L2 norm ``rho``: ``rho * w / sqrt(||w||^2 + epsilon)``.
+
+    ``rho`` is a scalar or a ``(out,)`` vector. A zero unit stays zero (no NaN). This is the per-unit
+    sphere projection that WRS (Liu et al., Sec. 5) and bounded weight norm (Hoffer et al., Sec. 4) apply.
+    """
+    inv_norm = jax.lax.rsqrt(_unit_sumsq(w, "w") + epsilon)
+    return (w * (jnp.asarray(rho, inv_norm.dtype) * inv_norm)).astype(w.dtype)
+
+
+def weight_norm(v: jnp.ndarray, g: jnp.ndarray | float, *, epsilon: float = 1e-12) -> jnp.ndarray:
+    """Weight normalization (Salimans & Kingma 2016, Eq. 2): ``w = g * v / ||v||`` per output unit.
+
+    ``||v||`` is ``sqrt(sum v**2 + epsilon)`` over all axes but the last, so a zero ``v`` gives ``w = 0``
+    with finite gradients. ``g`` is a scalar or ``(out,)``.
+    """
+    return project_to_norm(v, g, epsilon=epsilon)
+
+
+def scaled_weight_norm(
+    v: jnp.ndarray, g: jnp.ndarray | float, *, gain: float = 2.0, epsilon: float = 1e-12
+) -> jnp.ndarray:
+    """Scaled weight normalization (Arpit, Campos & Bengio 2019; slides 001, Sec. 5):
+
+        w = g * sqrt(gain * fan_in / fan_out) * v / ||v||
+
+    with fans from the kernel shape (:func:`fans`) and ``g`` initialised to 1. ``gain`` is 2 for a layer
+    followed by ReLU, 1 for a linear layer and ``1 / N`` for the last layer of each residual branch of a
+    stage with N blocks; it keeps forward and backward norms constant with depth at initialisation.
+    """
+    fan_in, fan_out = fans(v.shape)
+    return weight_norm(v, jnp.asarray(g) * math.sqrt(gain * fan_in / fan_out), epsilon=epsilon)
+
+
+def bounded_weight_norm(v: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float = 1e-12) -> jnp.ndarray:
+    """Bounded weight normalization (Hoffer et al., *Norm matters*, Sec. 4): ``w = rho * v / ||v||``.
+
+    ``rho`` is a constant fixed at initialisation (the initial unit norms, or their per-layer mean), not
+    a learned gain; the layer is meant to be followed by mean-only batch norm.
+    """
+    return project_to_norm(v, rho, epsilon=epsilon)
+
+
+def weight_standardization(
+    w: jnp.ndarray, *, gain: jnp.ndarray | float | None = None, epsilon: float = 1e-5
+) -> jnp.ndarray:
+    """Scaled weight standardization (Brock et al. 2021, Eq. 2; Qiao et al. 2019) per output unit:
+
+        w_hat = (w - mean(w)) / sqrt(max(fan_in * var(w), epsilon)) [* gain]
+
+    ``fan_in`` = every axis but the last. The ``max`` guard follows the NFNets reference code.
+    """
+    axes = _unit_axes(w, "w")
+    fan_in = math.prod(w.shape[:-1])
+    w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
+    mean = jnp.mean(w32, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(w32 - mean), axis=axes, keepdims=True)
+    scale = jax.lax.rsqrt(jnp.maximum(var * fan_in, epsilon))
+    if gain is not None:
+        scale = scale * jnp.asarray(gain, scale.dtype)
+    return ((w32 - mean) * scale).astype(w.dtype)
