@@ -54,3 +54,16 @@ def check_positive_int(value: object, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def check_mask(mask: object, x: jnp.ndarray, name: str = "mask") -> jnp.ndarray | None:
+    """Broadcast a boolean mask to ``x.shape`` (True = the element enters the statistics)."""
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"{name} must be a boolean array (True = use the element), got dtype {mask.dtype}")
+    try:
+        return jnp.broadcast_to(mask, x.shape)
+    except ValueError:
+        raise ValueError(f"{name} of shape {mask.shape} does not broadcast to x.shape {x.shape}") from None

@@ -10,7 +10,8 @@ References:
     (NeurIPS 2019); Arpit, *Normalization techniques* (slides, ../shared/papers/001), Sec. 5.
   Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 4 (bounded weight norm).
   Qiao et al., *Micro-batch training with batch-channel normalization and weight standardization* (2019);
-  Brock et al., *High-performance large-scale image recognition without normalization* (2021), Sec. 3 (scaled WS).
+  Brock et al., *High-performance large-scale image recognition without normalization* (2021),
+    Sec. 3 (scaled WS).
 """
 
 from __future__ import annotations

@@ -1,0 +1,241 @@
+"""Activation normalizations: batch (Lp, top-k, ghost, mean-only), layer, group, instance, RMS, NormProp.
+
+Each function is ``(x - mu) * rsqrt(sigma_hat^2 + epsilon)`` over its own reduction, with the Lp
+dispersion ``sigma_hat`` of :mod:`jaxnorm.functional.stats` (``p = 2`` is the usual variance), and no
+learned scale or bias (the Flax modules add those). Outputs have the dtype of ``x``; statistics are
+computed in float32 (or float64).
+
+References:
+  Ioffe & Szegedy, *Batch normalization*, ICML 2015, Alg. 1.
+  Hoffer et al., *Norm matters*, NeurIPS 2018, Sec. 3 (L1, L∞, top-k batch norm); suppl. Sec. 2.
+  Hoffer, Hubara & Soudry, *Train longer, generalize better*, NeurIPS 2017, Sec. 4 (ghost batch norm).
+  Salimans & Kingma, *Weight normalization*, NeurIPS 2016, Sec. 2.2 (mean-only batch norm).
+  Ba, Kiros & Hinton, *Layer normalization*, 2016, Sec. 3; Wu & He, *Group normalization*, ECCV 2018,
+  Sec. 3.1 (Eq. 1-3); Ulyanov et al., *Instance normalization*, 2016; Zhang & Sennrich, *RMSNorm*, 2019.
+  Arpit et al., *Normalization propagation*, ICML 2016, Sec. 3 (ReLU moments, data-independent layer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional._checks import (
+    PNorm,
+    canonical_axes,
+    canonical_p,
+    check_floating,
+    check_mask,
+    check_positive_int,
+)
+from jaxnorm.functional.stats import (
+    AxisIndexGroups,
+    Calibration,
+    ChannelGroups,
+    batch_moments,
+    dispersion_moments,
+)
+
+__all__ = [
+    "RELU_MEAN",
+    "RELU_STD",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+    "layer_norm",
+    "normalize",
+    "normprop_relu",
+    "rms_norm",
+]
+
+
+def normalize(
+    x: jnp.ndarray,
+    mean: jnp.ndarray,
+    var: jnp.ndarray | None,
+    *,
+    scale: jnp.ndarray | None = None,
+    bias: jnp.ndarray | None = None,
+    epsilon: float = 1e-5,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """``y = (x - mean) * rsqrt(var + epsilon) * scale + bias`` (Ioffe & Szegedy 2015, Alg. 1).
+
+    ``var=None`` gives mean-only normalization ``x - mean + bias``. ``mean``/``var``/``scale``/``bias``
+    broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype`` (default
+    ``x.dtype``). Used for both the batch-statistics and the running-statistics path.
+    """
+    y = x - mean
+    if var is not None:
+        multiplier = lax.rsqrt(var + epsilon)
+        if scale is not None:
+            multiplier = multiplier * scale
+        y = y * multiplier
+    elif scale is not None:
+        y = y * scale
+    if bias is not None:
+        y = y + bias
+    return y.astype(dtype or x.dtype)
+
+
+def batch_norm(
+    x: jnp.ndarray,
+    *,
+    p: PNorm | float = 2,
+    axis: int | Sequence[int] = -1,
+    topk: int | None = None,
+    epsilon: float = 1e-5,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    calibration: Calibration = "paper",
+    virtual_batch_size: int | None = None,
+    mean_only: bool = False,
+    use_fast_variance: bool = True,
+) -> jnp.ndarray:
+    """Batch normalization with the Lp dispersion of *Norm matters* (Hoffer et al. 2018, Sec. 3):
+
+        y = (x - mu_B) / sqrt(sigma_hat_B^2 + epsilon)
+
+    with ``mu_B`` and ``sigma_hat_B`` per feature over every axis but ``axis`` (see
+    :func:`jaxnorm.functional.batch_stats` for ``p``, ``topk``, ``calibration``, ``mask``,
+    ``axis_name``). ``virtual_batch_size`` normalizes each ghost batch of axis 0 with its own statistics
+    (Hoffer et al. 2017, Sec. 4). ``mean_only=True`` is ``y = x - mu_B`` (Salimans & Kingma 2016,
+    Sec. 2.2), the companion of bounded weight norm. Gradients flow through ``mu_B`` and ``sigma_hat_B``.
+    """
+    mean, var = batch_moments(
+        x, p=p, axis=axis, topk=topk, mask=mask, axis_name=axis_name,
+        axis_index_groups=axis_index_groups, calibration=calibration,
+        virtual_batch_size=virtual_batch_size, use_fast_variance=use_fast_variance,
+        mean_only=mean_only, keepdims=True,
+    )
+    if virtual_batch_size is None:
+        return normalize(x, mean, var, epsilon=epsilon)
+    ghosts = x.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
+    return normalize(ghosts, mean, var, epsilon=epsilon).reshape(x.shape)
+
+
+def _per_example_norm(
+    x: jnp.ndarray,
+    axes: tuple[int, ...],
+    *,
+    p: PNorm | float,
+    epsilon: float,
+    mask: jnp.ndarray | None,
+    use_fast_variance: bool,
+    groups: ChannelGroups | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+) -> jnp.ndarray:
+    mean, var = dispersion_moments(
+        x, axes, p=canonical_p(p), mask=check_mask(mask, x), one_pass=use_fast_variance,
+        groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups,
+    )
+    return normalize(x, mean, var, epsilon=epsilon)
+
+
+def layer_norm(
+    x: jnp.ndarray,
+    *,
+    p: PNorm | float = 2,
+    axis: int | Sequence[int] = -1,
+    epsilon: float = 1e-5,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    use_fast_variance: bool = True,
+) -> jnp.ndarray:
+    """Layer normalization (Ba et al. 2016, Sec. 3) with an Lp dispersion: per example over ``axis``.
+
+    ``y = (x - mu) / sqrt(sigma_hat^2 + epsilon)`` with ``mu``, ``sigma_hat`` over the axes in ``axis``
+    (int or tuple) — the reduction axes, as flax's ``reduction_axes``. ``axis_name`` reduces over a
+    mapped axis too (features sharded across devices).
+    """
+    check_floating(x, "x")
+    axes = canonical_axes(axis, x.ndim, "axis")
+    return _per_example_norm(
+        x, axes, p=p, epsilon=epsilon, mask=mask, use_fast_variance=use_fast_variance,
+        axis_name=axis_name, axis_index_groups=axis_index_groups,
+    )
+
+
+def group_norm(
+    x: jnp.ndarray,
+    num_groups: int,
+    *,
+    p: PNorm | float = 2,
+    epsilon: float = 1e-5,
+    mask: jnp.ndarray | None = None,
+    use_fast_variance: bool = True,
+) -> jnp.ndarray:
+    """Group normalization (Wu & He 2018, Eq. 1-3) with an Lp dispersion, channels last.
+
+    The ``C`` channels are split into ``num_groups`` contiguous groups; statistics are taken per example
+    and group over all non-batch axes. Computed as per-channel reductions over the spatial axes followed
+    by a merge of the ``C / num_groups`` channels of each group (Chan's formula for ``p = 2``, a sum or
+    max for ``p = 1`` / ``inf``): the large reduction keeps the contiguous channel axis, which is what
+    makes it several times faster than reshaping to ``(..., G, C / G)`` first.
+    """
+    check_floating(x, "x")
+    if x.ndim < 2:
+        raise ValueError(f"group_norm needs (batch, ..., channels) input, got shape {x.shape}")
+    check_positive_int(num_groups, "num_groups")
+    channels = x.shape[-1]
+    if channels % num_groups:
+        raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
+    spatial = tuple(range(1, x.ndim - 1))
+    return _per_example_norm(
+        x, spatial, p=p, epsilon=epsilon, mask=mask, use_fast_variance=use_fast_variance,
+        groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=num_groups),
+    )
+
+
+def instance_norm(
+    x: jnp.ndarray,
+    *,
+    p: PNorm | float = 2,
+    epsilon: float = 1e-5,
+    mask: jnp.ndarray | None = None,
+    use_fast_variance: bool = True,
+) -> jnp.ndarray:
+    """Instance normalization (Ulyanov et al. 2016): per example and channel over the spatial axes.
+
+    Channels last: ``x`` is ``(batch, *spatial, channels)`` with at least one spatial axis.
+    """
+    check_floating(x, "x")
+    if x.ndim < 3:
+        raise ValueError(f"instance_norm needs (batch, *spatial, channels) input, got shape {x.shape}")
+    return _per_example_norm(
+        x, tuple(range(1, x.ndim - 1)), p=p, epsilon=epsilon, mask=mask,
+        use_fast_variance=use_fast_variance,
+    )
+
+
+def rms_norm(x: jnp.ndarray, *, axis: int | Sequence[int] = -1, epsilon: float = 1e-6) -> jnp.ndarray:
+    """RMS normalization (Zhang & Sennrich 2019, Eq. 4): ``y = x / sqrt(mean(x^2) + epsilon)``."""
+    check_floating(x, "x")
+    axes = canonical_axes(axis, x.ndim, "axis")
+    x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+    return (x32 * lax.rsqrt(mean_square + epsilon)).astype(x.dtype)
+
+
+RELU_MEAN = 1 / math.sqrt(2 * math.pi)
+"""``E[max(0, z)]`` for ``z ~ N(0, 1)`` (Arpit et al. 2016, Sec. 3)."""
+RELU_STD = math.sqrt((1 - 1 / math.pi) / 2)
+"""``std[max(0, z)]`` for ``z ~ N(0, 1)`` (Arpit et al. 2016, Sec. 3)."""
+
+
+def normprop_relu(u: jnp.ndarray) -> jnp.ndarray:
+    """Normalization propagation's ReLU (Arpit et al. 2016, Sec. 3): ``(relu(u) - RELU_MEAN) / RELU_STD``.
+
+    If ``u ~ N(0, 1)`` the output has zero mean and unit variance, so a network of
+    ``u = gamma * W x / ||W|| + beta`` layers (:func:`jaxnorm.functional.weight_norm`) followed by this
+    activation stays normalized without any batch statistics.
+    """
+    check_floating(u, "u")
+    return ((jax.nn.relu(u) - RELU_MEAN) / RELU_STD).astype(u.dtype)
