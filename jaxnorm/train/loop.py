@@ -1,0 +1,265 @@
+"""The training loop: one function, :func:`train`, used by every experiment.
+
+``train(config, model=..., train_data=..., eval_data=...)`` builds the optimizer from
+``config.optimizer``, places the state for the chosen parallelism, resumes from the newest checkpoint
+in ``workdir`` if there is one, then for every step: feeds the global batch, applies the step, streams
+per-step metrics to ``workdir/metrics.jsonl`` (fetched from the device every ``log_every`` steps so
+the host never waits on each step), evaluates with the running statistics, saves checkpoints every
+``checkpoint_every`` steps and on SIGTERM, and draws the plots at the end.
+
+Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_steps`` (or
+``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
+each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``progress``, ``tensorboard``,
+``plots``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxnorm.train import plots
+from jaxnorm.train.checkpoint import Checkpointer, StopSignal
+from jaxnorm.train.data import BatchSource
+from jaxnorm.train.metrics import MetricsWriter, progress_bar, weight_norm_metrics
+from jaxnorm.train.optimizers import make_optimizer
+from jaxnorm.train.precision import initial_loss_scale
+from jaxnorm.train.sharding import DataParallel
+from jaxnorm.train.state import TrainState, create_train_state
+from jaxnorm.train.step import make_eval_step, make_train_step
+
+PyTree = Any
+
+
+class RunResult(NamedTuple):
+    """What :func:`train` returns.
+
+    Attributes:
+      state: the final state, one host (NumPy) copy.
+      history: every metrics record of the run (train records per step, eval records).
+      summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch or last
+        ``log_every`` steps), ``eval_loss``, ``eval_accuracy``, ``best_eval_accuracy``, ``steps``,
+        ``seconds``, ``images_per_second``.
+      preempted: the run stopped early on SIGTERM / preemption (a checkpoint was saved).
+    """
+
+    state: TrainState
+    history: list[dict[str, Any]]
+    summary: dict[str, float]
+    preempted: bool
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The loop's settings with their defaults (experiment configs override them)."""
+    return ml_collections.ConfigDict(
+        {
+            "seed": 0,
+            "num_steps": 0,
+            "num_epochs": 1.0,
+            "precision": "float32",
+            "parallel": "jit",
+            "log_every": 50,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "max_to_keep": 2,
+            "weight_norms": True,
+            "progress": True,
+            "tensorboard": False,
+            "plots": True,
+            "optimizer": {
+                "name": "momentum",
+                "learning_rate": 0.1,
+                "momentum": 0.9,
+                "schedule": "constant",
+                "weight_decay": 0.0,
+                "weight_decay_mask": "kernels",
+                "accumulate_steps": 1,
+            },
+        }
+    )
+
+
+def total_steps(config: Mapping[str, Any], steps_per_epoch: int) -> int:
+    """``num_steps`` if positive, else ``round(num_epochs * steps_per_epoch)``."""
+    steps = int(config.get("num_steps", 0) or 0)
+    if steps <= 0:
+        steps = round(float(config.get("num_epochs", 1.0)) * steps_per_epoch)
+    if steps < 1:
+        raise ValueError("the run has no steps: set num_steps > 0 or num_epochs > 0")
+    return steps
+
+
+def _batches(source: BatchSource, start_step: int) -> Iterator[Mapping[str, np.ndarray]]:
+    """This process's batches from ``start_step`` on, epoch after epoch."""
+    epoch, start = divmod(start_step, source.steps_per_epoch)
+    while True:
+        yield from source.epoch(epoch, start)
+        epoch, start = epoch + 1, 0
+
+
+def evaluate(parallel: DataParallel, eval_step, state: TrainState, source: BatchSource) -> dict[str, float]:
+    """Loss and accuracy over one pass of ``source`` with the running statistics."""
+    totals = None
+    for batch in source.epoch(0):
+        sums = eval_step(state, parallel.shard_batch(batch))
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    if totals is None:
+        raise ValueError("the eval source yielded no batch")
+    totals = parallel.to_host(totals)
+    count = float(totals["count"])
+    return {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
+
+
+def train(
+    config: Mapping[str, Any],
+    *,
+    model: Any,
+    train_data: BatchSource,
+    eval_data: BatchSource | None = None,
+    workdir: str | None = None,
+    parallel: DataParallel | None = None,
+) -> RunResult:
+    """Trains ``model`` (a flax linen module) on ``train_data`` as ``config`` says.
+
+    Args:
+      config: loop settings (see :func:`default_config`); missing keys take the defaults.
+      model: a linen module called as ``model.apply(variables, x, train=bool, mutable=[...])``;
+        under ``parallel="pmap"`` its BN layers must use ``axis_name="batch"``.
+      train_data, eval_data: batch sources (:mod:`jaxnorm.train.data`).
+      workdir: where ``metrics.jsonl``, ``checkpoints/`` and the plots go; ``None`` keeps nothing on
+        disk (no checkpoints, no plots).
+      parallel: a :class:`DataParallel`; default one built from ``config.parallel``.
+
+    Returns:
+      A :class:`RunResult`. If ``workdir`` holds checkpoints the run resumes from the newest one.
+    """
+    cfg = default_config()
+    cfg.update(dict(config))
+    parallel = parallel or DataParallel(cfg.parallel)
+    parallel.check_batch_size(train_data.global_batch_size)
+    if eval_data is not None:
+        parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
+    primary = jax.process_index() == 0
+    steps = total_steps(cfg, train_data.steps_per_epoch)
+    accumulate = int(cfg.optimizer.get("accumulate_steps", 1))
+    tx, schedule = make_optimizer(cfg.optimizer, steps)
+
+    sample = next(train_data.epoch(0))["image"][:1]
+    rng = jax.random.PRNGKey(cfg.seed)
+    loss_scale = initial_loss_scale(cfg.precision)
+    state = parallel.init_state(
+        lambda: create_train_state(model.init, tx, rng, sample, loss_scale=loss_scale)
+    )
+    ckpt = None
+    if workdir is not None:
+        ckpt = Checkpointer(
+            f"{workdir}/checkpoints", every_steps=cfg.checkpoint_every, max_to_keep=cfg.max_to_keep
+        )
+        if ckpt.latest_step() is not None:
+            state = parallel.restore_layout(ckpt.restore(parallel.unreplicate(state)))
+    start = int(parallel.to_host(state.step))
+
+    step_fn = parallel.compile_train_step(
+        make_train_step(
+            model.apply,
+            tx,
+            schedule=schedule,
+            accumulate_steps=accumulate,
+            precision=cfg.precision,
+            axis_name=parallel.axis_name,
+        )
+    )
+    eval_fn = parallel.compile_eval_step(
+        make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
+    )
+    eval_every = cfg.eval_every or train_data.steps_per_epoch
+    writer = MetricsWriter(
+        f"{workdir}/metrics.jsonl" if workdir else "/dev/null",
+        tensorboard_dir=f"{workdir}/tensorboard" if workdir and cfg.tensorboard else None,
+        resume_step=start if start > 0 else None,
+        enabled=primary and workdir is not None,
+    )
+    history: list[dict[str, Any]] = list(writer.previous)
+    pending: list[tuple[int, dict[str, jax.Array]]] = []
+    preempted = False
+
+    def flush(params_state: TrainState) -> None:
+        fetched = parallel.to_host([m for _, m in pending])
+        for (s, _), m in zip(pending, fetched, strict=True):
+            record = {k: float(v) for k, v in m.items()}
+            if s == pending[-1][0] and cfg.weight_norms:
+                record.update(weight_norm_metrics(parallel.unreplicate(params_state.params), record["lr"]))
+            writer.write(s, record)
+            history.append({"step": s, "split": "train", **record})
+        pending.clear()
+
+    bar = progress_bar(total=steps, initial=start, enabled=cfg.progress and primary)
+    t0, images = time.perf_counter(), 0
+    batches = _batches(train_data, start)
+    with StopSignal() as stop:
+        for step in range(start, steps):
+            state, metrics = step_fn(state, parallel.shard_batch(next(batches)))
+            images += train_data.global_batch_size
+            s = step + 1
+            pending.append((s, metrics))
+            if s % cfg.log_every == 0 or s == steps:
+                flush(state)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
+            if eval_data is not None and (s % eval_every == 0 or s == steps):
+                if pending:
+                    flush(state)
+                result = evaluate(parallel, eval_fn, state, eval_data)
+                writer.write(s, result, split="eval")
+                history.append({"step": s, "split": "eval", **result})
+            if bar is not None:
+                bar.update(1)
+            if ckpt is not None:
+                ckpt.maybe_save(s, parallel.unreplicate(state), force=s == steps)
+                if stop.requested or ckpt.reached_preemption(s):
+                    ckpt.maybe_save(s, parallel.unreplicate(state), force=True)
+                    preempted = s < steps
+                    break
+            elif stop.requested:
+                preempted = s < steps
+                break
+    if pending:
+        flush(state)
+    jax.block_until_ready(state)
+    seconds = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    if ckpt is not None:
+        ckpt.wait()
+        ckpt.close()
+    writer.close()
+    summary = _summary(history, train_data.steps_per_epoch, cfg.log_every, seconds, images)
+    if workdir is not None and cfg.plots and primary and not preempted:
+        plots.plot_run(history, workdir)
+    return RunResult(parallel.to_host(state), history, summary, preempted)
+
+
+def _summary(
+    history: list[dict[str, Any]], steps_per_epoch: int, log_every: int, seconds: float, images: int
+) -> dict[str, float]:
+    train = [r for r in history if r["split"] == "train"]
+    evals = [r for r in history if r["split"] == "eval"]
+    last = train[-max(steps_per_epoch, min(log_every, len(train))) :]
+    summary = {
+        "steps": float(train[-1]["step"]) if train else 0.0,
+        "seconds": seconds,
+        "images_per_second": images / seconds if seconds > 0 else 0.0,
+    }
+    if last:
+        summary["train_loss"] = float(np.mean([r["loss"] for r in last]))
+        summary["train_accuracy"] = float(np.mean([r["accuracy"] for r in last]))
+    if evals:
+        summary["eval_loss"] = evals[-1]["loss"]
+        summary["eval_accuracy"] = evals[-1]["accuracy"]
+        summary["best_eval_accuracy"] = max(r["accuracy"] for r in evals)
+    return summary

@@ -1,0 +1,157 @@
+"""The train and eval steps: pure functions of ``(state, batch)``, jit- and pmap-able.
+
+Loss: mean softmax cross-entropy over the (global) batch. Under ``jax.jit`` with a sharded global batch
+the means, and the BN statistics inside the model, are global reductions that XLA turns into
+all-reduces. Under ``jax.pmap`` each device sees its shard; pass ``axis_name`` so that gradients and
+metrics are averaged over devices (the model's BN layers must get the same ``axis_name``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxnorm.train.precision import adjust_loss_scale, all_finite, cast_floating, compute_dtype
+from jaxnorm.train.state import TrainState
+
+PyTree = Any
+Batch = Mapping[str, jax.Array]
+StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example softmax cross-entropy with integer labels, computed in float32."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+
+
+def _pmean(x: PyTree, axis_name: str | None) -> PyTree:
+    return x if axis_name is None else jax.lax.pmean(x, axis_name)
+
+
+def _apply(apply_fn, variables, images, *, train: bool, rngs=None):
+    """Runs the model; returns ``(logits, updated non-param collections)``."""
+    mutable = [k for k in variables if k != "params"] if train else False
+    if train and mutable:
+        return apply_fn(variables, images, train=True, mutable=mutable, rngs=rngs)
+    out = apply_fn(variables, images, train=train, rngs=rngs)
+    return out, {}
+
+
+def make_train_step(
+    apply_fn: Callable[..., Any],
+    tx: optax.GradientTransformation,
+    *,
+    schedule: optax.Schedule | None = None,
+    accumulate_steps: int = 1,
+    precision: str = "float32",
+    axis_name: str | None = None,
+) -> StepFn:
+    """Returns ``train_step(state, batch) -> (new_state, metrics)``.
+
+    Args:
+      apply_fn: ``model.apply``.
+      tx: the optax transformation that ``state.opt_state`` belongs to.
+      schedule: the LR schedule, only to report ``lr`` in the metrics.
+      accumulate_steps: micro-steps per update (to report the LR of the current update).
+      precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of activations and of the params
+        copy used in the forward pass; master params, optimizer state and BN statistics stay float32.
+        ``float16`` scales the loss dynamically and skips updates whose gradients overflow.
+      axis_name: the pmap axis name, or ``None`` under jit.
+
+    Metrics: ``loss``, ``accuracy``, ``grad_norm`` (of the unscaled gradient), ``lr``, ``loss_scale``.
+    """
+    dtype = compute_dtype(precision)
+    scaled = precision == "float16"
+
+    def loss_fn(params, model_state, batch, rng, scale):
+        variables = {"params": params, **model_state}
+        if dtype != jnp.float32:
+            variables = cast_floating(variables, dtype)
+        images = batch["image"].astype(dtype)
+        logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
+        loss = cross_entropy(logits, batch["label"]).mean()
+        accuracy = (jnp.argmax(logits, -1) == batch["label"]).mean()
+        return loss * scale, (loss, accuracy, new_model_state)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        rng = jax.random.fold_in(state.rng, state.step)
+        if axis_name is not None:
+            rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+        grads, (loss, accuracy, new_model_state) = grad_fn(
+            state.params, state.model_state, batch, rng, state.loss_scale.scale
+        )
+        grads = _pmean(grads, axis_name)
+        new_model_state = _pmean(new_model_state, axis_name)
+        # BN statistics are kept in the dtype they were created in (float32).
+        new_model_state = (
+            jax.tree.map(
+                lambda new, old: new.astype(old.dtype), dict(new_model_state), dict(state.model_state)
+            )
+            if new_model_state
+            else state.model_state
+        )
+        if scaled:
+            grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        loss_scale = state.loss_scale
+        if scaled:
+            finite = all_finite(grads)
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+            params = keep(params, state.params)
+            opt_state = keep(opt_state, state.opt_state)
+            new_model_state = keep(new_model_state, state.model_state)
+            loss_scale = adjust_loss_scale(loss_scale, finite)
+        metrics = {
+            "loss": loss,
+            "accuracy": accuracy,
+            "grad_norm": optax.global_norm(grads),
+            "loss_scale": state.loss_scale.scale,
+        }
+        metrics = _pmean(metrics, axis_name)
+        if schedule is not None:
+            metrics["lr"] = jnp.asarray(schedule(state.step // accumulate_steps), jnp.float32)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=params,
+            model_state=new_model_state,
+            opt_state=opt_state,
+            rng=state.rng,
+            loss_scale=loss_scale,
+        )
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(
+    apply_fn: Callable[..., Any], *, precision: str = "float32", axis_name: str | None = None
+) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
+    """Returns ``eval_step(state, batch) -> sums`` using the running statistics (``train=False``).
+
+    ``batch`` may carry a float ``mask`` (1 = real example, 0 = padding). The result holds sums
+    (``loss_sum``, ``correct``, ``count``) so that batches combine exactly; under pmap they are psummed.
+    """
+    dtype = compute_dtype(precision)
+
+    def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+        variables = state.variables
+        if dtype != jnp.float32:
+            variables = cast_floating(variables, dtype)
+        logits, _ = _apply(apply_fn, variables, batch["image"].astype(dtype), train=False)
+        mask = batch.get("mask")
+        if mask is None:
+            mask = jnp.ones(batch["label"].shape, jnp.float32)
+        sums = {
+            "loss_sum": (cross_entropy(logits, batch["label"]) * mask).sum(),
+            "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
+            "count": mask.sum(),
+        }
+        return sums if axis_name is None else jax.lax.psum(sums, axis_name)
+
+    return eval_step
