@@ -1,0 +1,318 @@
+"""Tests of weight rescaling (WRS) against a float64 NumPy re-implementation of Liu et al., Sec. 5."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxnorm.optim.rescaling import unit_rescaling, weight_rescaling
+
+
+@pytest.fixture
+def x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+LR, MOMENTUM, B1, B2, EPS = 0.3, 0.9, 0.9, 0.999, 1e-8
+
+
+def _np_unit_norm(w):
+    return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))
+
+
+class NumpyOptimizer:
+    """Float64 oracle: SGD / momentum / Adam written from their definitions, plus WRS."""
+
+    def __init__(self, kind, params, tau, mask, rescale_state):
+        self.kind, self.tau, self.mask, self.rescale_state = kind, tau, mask, rescale_state
+        self.trace = {k: np.zeros_like(v) for k, v in params.items()}
+        self.mu = {k: np.zeros_like(v) for k, v in params.items()}
+        self.nu = {k: np.zeros_like(v) for k, v in params.items()}
+        self.k = 0
+
+    def step(self, params, grads):
+        self.k += 1
+        new = {}
+        for name, w in params.items():
+            g = grads[name]
+            if self.kind == "sgd":
+                u = -LR * g
+            elif self.kind == "momentum":
+                self.trace[name] = g + MOMENTUM * self.trace[name]
+                u = -LR * self.trace[name]
+            else:
+                self.mu[name] = B1 * self.mu[name] + (1 - B1) * g
+                self.nu[name] = B2 * self.nu[name] + (1 - B2) * g**2
+                mu_hat = self.mu[name] / (1 - B1**self.k)
+                nu_hat = self.nu[name] / (1 - B2**self.k)
+                u = -LR * mu_hat / (np.sqrt(nu_hat) + EPS)
+            w_new = w + u
+            if self.mask[name] and self.k % self.tau == 0:
+                s = _np_unit_norm(w_new)
+                w_new = w_new / s
+                if self.rescale_state:  # w' = w / s: first moments * s, second * s**2
+                    self.trace[name] = self.trace[name] * s
+                    self.mu[name] = self.mu[name] * s
+                    self.nu[name] = self.nu[name] * s**2
+            new[name] = w_new
+        return new
+
+
+def _optax(kind):
+    if kind == "sgd":
+        return optax.sgd(LR)
+    if kind == "momentum":
+        return optax.sgd(LR, momentum=MOMENTUM)
+    return optax.adam(LR, b1=B1, b2=B2, eps=EPS)
+
+
+def _problem(seed=0):
+    rng = np.random.default_rng(seed)
+    params = {
+        "conv": rng.normal(size=(3, 3, 2, 4)) * 0.5,
+        "dense": rng.normal(size=(5, 3)) * 2.0,
+        "bias": rng.normal(size=(3,)),
+    }
+    targets = {k: rng.normal(size=v.shape) for k, v in params.items()}
+    noise = [{k: rng.normal(size=v.shape) for k, v in params.items()} for _ in range(40)]
+    return params, targets, noise
+
+
+def _grads(params, targets, noise_t):
+    """Gradient of 0.5 ||w - target||^2 + <noise_t, w>: depends on the params, so state matters."""
+    return {k: params[k] - targets[k] + noise_t[k] for k in params}
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("mode", ["chain", "inner", "inner_rescale_state"])
+@pytest.mark.parametrize("tau", [1, 3])
+def test_matches_numpy_oracle(x64, kind, mode, tau):
+    params_np, targets, noise = _problem()
+    mask = {"conv": True, "dense": True, "bias": False}
+    steps = 4 * tau + 1  # several multiples of tau and a step past the last one
+    if mode == "chain":
+        tx = optax.chain(_optax(kind), weight_rescaling(tau))
+    else:
+        tx = weight_rescaling(tau, inner=_optax(kind), rescale_state=mode == "inner_rescale_state")
+    oracle = NumpyOptimizer(kind, params_np, tau, mask, mode == "inner_rescale_state")
+
+    params = jax.tree.map(jnp.asarray, params_np)
+    state = tx.init(params)
+    targets_j = jax.tree.map(jnp.asarray, targets)
+
+    @jax.jit
+    def step(params, state, noise_t):
+        grads = jax.tree.map(lambda p, t, n: p - t + n, params, targets_j, noise_t)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for t in range(steps):
+        params, state = step(params, state, jax.tree.map(jnp.asarray, noise[t]))
+        params_np = oracle.step(params_np, _grads(params_np, targets, noise[t]))
+        for name in params_np:
+            np.testing.assert_allclose(params[name], params_np[name], rtol=1e-10, atol=1e-12)
+        if (t + 1) % tau == 0:
+            np.testing.assert_allclose(_np_unit_norm(np.asarray(params["conv"])), 1.0, rtol=1e-12)
+            np.testing.assert_allclose(_np_unit_norm(np.asarray(params["dense"])), 1.0, rtol=1e-12)
+
+
+def test_rescale_state_changes_the_trajectory(x64):
+    """The two state modes are really different for momentum (guards the oracle comparison)."""
+    params_np, targets, noise = _problem(1)
+    finals = []
+    for rescale in (False, True):
+        tx = weight_rescaling(2, inner=_optax("momentum"), rescale_state=rescale)
+        params = jax.tree.map(jnp.asarray, params_np)
+        state = tx.init(params)
+        for t in range(5):
+            grads = jax.tree.map(jnp.asarray, _grads(jax.tree.map(np.asarray, params), targets, noise[t]))
+            updates, state = tx.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        finals.append(np.asarray(params["dense"]))
+    assert np.max(np.abs(finals[0] - finals[1])) > 1e-3
+
+
+def test_chain_leaves_earlier_state_untouched():
+    params = {"w": jnp.full((2, 3), 3.0)}
+    grads = {"w": jnp.ones((2, 3))}
+    plain = optax.sgd(0.1, momentum=0.9)
+    tx = optax.chain(plain, weight_rescaling(1))
+    state = tx.init(params)
+    _, state = tx.update(grads, state, params)
+    _, plain_state = plain.update(grads, plain.init(params), params)
+    chex.assert_trees_all_equal(state[0], plain_state)
+    assert int(state[1].count) == 1
+
+
+class _BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for width in (16, 8):
+            x = nn.Dense(width, use_bias=False)(x)
+            x = nn.BatchNorm(use_running_average=False, epsilon=1e-12)(x)
+            x = nn.relu(x)
+        return nn.Dense(3)(x)
+
+
+def test_bn_network_function_unchanged_by_rescaling_step(x64):
+    model = _BNNet()
+    x = jax.random.normal(jax.random.key(0), (32, 10), jnp.float64)
+    variables = model.init(jax.random.key(1), x)
+    # far from the unit sphere, in float64
+    params = jax.tree.map(lambda p: p.astype(jnp.float64) * 7.0, variables["params"])
+
+    def apply(p):
+        out, _ = model.apply({**variables, "params": p}, x, mutable=["batch_stats"])
+        return out
+
+    scale_invariant = {
+        "Dense_0": {"kernel": True},
+        "Dense_1": {"kernel": True},
+        "Dense_2": {"kernel": False, "bias": False},
+        "BatchNorm_0": {"scale": False, "bias": False},
+        "BatchNorm_1": {"scale": False, "bias": False},
+    }
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    tx = weight_rescaling(1, mask=scale_invariant)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    rescaled = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(_np_unit_norm(np.asarray(rescaled["Dense_0"]["kernel"])), 1.0)
+    assert np.max(np.abs(np.asarray(rescaled["Dense_0"]["kernel"] - params["Dense_0"]["kernel"]))) > 1
+    np.testing.assert_allclose(apply(rescaled), apply(params), rtol=1e-9, atol=1e-9)
+
+    # The default mask also rescales the output layer, which is not followed by BN: logits change.
+    tx_all = weight_rescaling(1)
+    updates, _ = tx_all.update(zeros, tx_all.init(params), params)
+    assert np.max(np.abs(np.asarray(apply(optax.apply_updates(params, updates)) - apply(params)))) > 1e-2
+
+
+def test_non_rescaling_steps_use_cond():
+    params = {"w": jnp.ones((4, 4))}
+    tx = optax.chain(optax.sgd(0.1), weight_rescaling(20))
+    jaxpr = jax.make_jaxpr(lambda s, p: tx.update(p, s, p))(tx.init(params), params)
+    assert "cond[" in str(jaxpr)
+    assert "f32[4,4] = select_n" not in str(jaxpr)  # no where() over both branches
+
+
+def test_inject_hyperparams_and_masked():
+    params = {"w": jnp.full((3, 2), 2.0), "b": jnp.ones((2,))}
+    grads = jax.tree.map(jnp.ones_like, params)
+    tx = optax.inject_hyperparams(weight_rescaling)(tau=2, inner=optax.sgd(0.1))
+    state = tx.init(params)
+    norms = []
+    for _ in range(4):
+        updates, state = jax.jit(tx.update)(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        norms.append(float(jnp.linalg.norm(params["w"][:, 0])))
+    np.testing.assert_allclose(norms[1], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(norms[3], 1.0, rtol=1e-6)
+    assert abs(norms[2] - 1.0) > 1e-3
+
+    masked = optax.masked(weight_rescaling(1), {"w": False, "b": False})
+    updates, _ = masked.update(grads, masked.init(params), params)
+    np.testing.assert_array_equal(updates["w"], grads["w"])
+
+
+def test_zero_unit_and_low_precision():
+    w = jnp.array([[0.0, 3.0], [0.0, 4.0]], jnp.bfloat16)
+    new, multiplier = unit_rescaling(w)
+    assert new.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(new[:, 0], np.float32), 0.0)
+    np.testing.assert_allclose(np.asarray(new[:, 1], np.float32), [0.6, 0.8], rtol=1e-2)
+    np.testing.assert_allclose(multiplier, [1.0, 0.2])
+    assert np.all(np.isfinite(np.asarray(multiplier)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.sampled_from([(3, 2), (2, 2, 3, 4), (7, 1)]),
+    log_scale=st.floats(-6, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_rescaled_units_are_unit_norm_and_same_direction(shape, log_scale, seed):
+    w = np.random.default_rng(seed).normal(size=shape) * 10.0**log_scale
+    new, multiplier = unit_rescaling(jnp.asarray(w, jnp.float32))
+    np.testing.assert_allclose(_np_unit_norm(np.asarray(new, np.float64)), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(new), w * np.asarray(multiplier), rtol=1e-5, atol=1e-30)
+    assert np.all(np.asarray(multiplier) > 0)
+
+
+def test_errors():
+    params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="tau"):
+            weight_rescaling(bad)
+    for bad in (True, "20", None):
+        with pytest.raises(TypeError, match="tau"):
+            weight_rescaling(bad)
+    with pytest.raises(ValueError, match="rescale_state"):
+        weight_rescaling(2, rescale_state=True)
+    tx = weight_rescaling(2)
+    with pytest.raises(ValueError, match="params"):
+        tx.update(params, tx.init(params))
+    with pytest.raises(ValueError, match="mask does not match"):
+        weight_rescaling(2, mask={"w": True}).update(params, tx.init(params), params)
+    with pytest.raises(ValueError, match=r"params\['b'\]"):
+        weight_rescaling(2, mask={"w": True, "b": True}).update(params, tx.init(params), params)
+    with pytest.raises(TypeError, match="Python bool"):
+        weight_rescaling(2, mask={"w": jnp.ones(2, bool), "b": False}).update(
+            params, tx.init(params), params
+        )
+
+
+_SHARDED_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jaxnorm.optim.rescaling import weight_rescaling
+    assert jax.device_count() == 8
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(6, 16))), "v": jnp.asarray(rng.normal(size=(3, 3, 4, 8)))}
+    grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+             for _ in range(4)]
+    tx = weight_rescaling(2, inner=optax.sgd(0.1, momentum=0.9), rescale_state=True)
+
+    def run(params):
+        state = tx.init(params)
+        step = jax.jit(lambda p, s, g: tx.update(g, s, p))
+        for g in grads:
+            u, state = step(params, state, g)
+            params = optax.apply_updates(params, u)
+        return params
+    single = run(params)
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    sharded = {
+        "w": jax.device_put(params["w"], NamedSharding(mesh, P(None, "d"))),
+        "v": jax.device_put(params["v"], NamedSharding(mesh, P(None, None, None, "d"))),
+    }
+    out = run(sharded)
+    assert len(out["w"].sharding.device_set) == 8
+    for k in params:
+        np.testing.assert_allclose(out[k], single[k], rtol=1e-5, atol=1e-6)
+    print("OK")
+    """
+)
+
+
+def test_sharded_params_match_single_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
