@@ -215,12 +215,27 @@ def instance_norm(
     )
 
 
-def rms_norm(x: jnp.ndarray, *, axis: int | Sequence[int] = -1, epsilon: float = 1e-6) -> jnp.ndarray:
-    """RMS normalization (Zhang & Sennrich 2019, Eq. 4): ``y = x / sqrt(mean(x^2) + epsilon)``."""
+def rms_norm(
+    x: jnp.ndarray,
+    *,
+    axis: int | Sequence[int] = -1,
+    epsilon: float = 1e-6,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    mask: jnp.ndarray | None = None,
+) -> jnp.ndarray:
+    """RMS normalization (Zhang & Sennrich 2019, Eq. 4): ``y = x / sqrt(mean(x^2) + epsilon)`` over ``axis``.
+
+    The mean square is float32 (or wider), over the True elements of ``mask`` if given, and, with
+    ``axis_name``, averaged over a mapped axis.
+    """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
+    mask = check_mask(mask, x)
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+    mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True, where=mask)
+    if axis_name is not None:
+        mean_square = lax.pmean(mean_square, axis_name, axis_index_groups=axis_index_groups)
     return (x32 * lax.rsqrt(mean_square + epsilon)).astype(x.dtype)
 
 

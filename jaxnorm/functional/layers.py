@@ -1,0 +1,237 @@
+"""Forward passes shared by the linen (:mod:`jaxnorm.nn`) and NNX (:mod:`jaxnorm.nnx`) modules.
+
+Each function takes the module's variables as arrays (``scale``, ``bias``, running statistics) and
+returns the output and, for batch norm, the new running statistics, so that both Flax APIs are thin
+shells around one pure computation. Conventions follow flax: running averages are
+``ra = momentum * ra + (1 - momentum) * batch``; ``var`` holds ``sigma_hat**2`` for every ``p``
+(exactly the variance for ``p = 2``), so evaluation is ``(x - mean) * rsqrt(var + epsilon)`` for all p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional._checks import (
+    PNorm,
+    canonical_axes,
+    canonical_p,
+    check_floating,
+    check_mask,
+    check_positive_int,
+)
+from jaxnorm.functional.activation import normalize, rms_norm
+from jaxnorm.functional.stats import (
+    AxisIndexGroups,
+    Calibration,
+    ChannelGroups,
+    batch_moments,
+    dispersion_moments,
+)
+
+__all__ = [
+    "BatchNormOutput",
+    "batch_norm_layer",
+    "group_norm_layer",
+    "layer_norm_layer",
+    "num_groups_of",
+    "rms_norm_layer",
+]
+
+
+def _expand(param: jnp.ndarray | None, shape: tuple[int, ...]) -> jnp.ndarray | None:
+    return None if param is None else jnp.reshape(param, shape)
+
+
+def _feature_shape(x: jnp.ndarray, feature_axes: tuple[int, ...]) -> tuple[int, ...]:
+    """Broadcastable shape with the feature axes kept and every other axis 1."""
+    return tuple(x.shape[a] if a in feature_axes else 1 for a in range(x.ndim))
+
+
+def _output_dtype(dtype, *arrays) -> jnp.dtype:
+    """flax's rule: the requested dtype, else the promotion of the input and the parameters."""
+    return jnp.dtype(dtype) if dtype is not None else jnp.result_type(*[a for a in arrays if a is not None])
+
+
+class BatchNormOutput(NamedTuple):
+    """Output of :func:`batch_norm_layer`: ``y`` and the running statistics after this call."""
+
+    y: jnp.ndarray
+    running_mean: jnp.ndarray
+    running_var: jnp.ndarray
+
+
+def batch_norm_layer(
+    x: jnp.ndarray,
+    *,
+    running_mean: jnp.ndarray,
+    running_var: jnp.ndarray,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    use_running_average: bool,
+    update_running_stats: bool = True,
+    axis: int | Sequence[int] = -1,
+    momentum: float = 0.99,
+    epsilon: float = 1e-5,
+    p: PNorm | float = 2,
+    topk: int | None = None,
+    calibration: Calibration = "paper",
+    virtual_batch_size: int | None = None,
+    mean_only: bool = False,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    use_fast_variance: bool = True,
+    mask: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> BatchNormOutput:
+    """The BatchNorm layer: Lp batch normalization with scale, bias and running statistics.
+
+    Training: ``y = (x - mu_B) * rsqrt(sigma_hat_B^2 + epsilon) * scale + bias`` with the statistics of
+    :func:`jaxnorm.functional.batch_moments` (Hoffer et al. 2018, Sec. 3), and the running statistics
+    move towards ``(mu_B, sigma_hat_B^2)``. Ghost batches (``virtual_batch_size``) contribute the mean
+    of their statistics to the running averages. Evaluation (``use_running_average=True``) uses the
+    running statistics. ``mean_only=True``: ``y = (x - mu) * scale + bias`` and ``running_var`` is
+    returned unchanged (Salimans & Kingma 2016, Sec. 2.2).
+    """
+    check_floating(x, "x")
+    feature_axes = canonical_axes(axis, x.ndim, "axis")
+    shape = _feature_shape(x, feature_axes)
+    out_dtype = _output_dtype(dtype, x, scale, bias)
+    scale, bias = _expand(scale, shape), _expand(bias, shape)
+    if use_running_average:
+        var = None if mean_only else running_var.reshape(shape)
+        y = normalize(x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon,
+                      dtype=out_dtype)
+        return BatchNormOutput(y, running_mean, running_var)
+
+    mean, var = batch_moments(
+        x, p=p, axis=feature_axes, topk=topk, mask=mask, axis_name=axis_name,
+        axis_index_groups=axis_index_groups, calibration=calibration,
+        virtual_batch_size=virtual_batch_size, use_fast_variance=use_fast_variance,
+        mean_only=mean_only, keepdims=True,
+    )
+    if virtual_batch_size is None:
+        y = normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
+        batch_mean, batch_var = mean.reshape(running_mean.shape), var
+    else:
+        ghosts = x.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
+        y = normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
+        y = y.reshape(x.shape)
+        batch_mean = jnp.mean(mean, axis=0).reshape(running_mean.shape)
+        batch_var = None if var is None else jnp.mean(var, axis=0)
+    if not update_running_stats:
+        return BatchNormOutput(y, running_mean, running_var)
+    new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(batch_mean)
+    if batch_var is None:
+        new_var = running_var
+    else:
+        new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(
+            batch_var.reshape(running_var.shape)
+        )
+    return BatchNormOutput(y, new_mean, new_var)
+
+
+def layer_norm_layer(
+    x: jnp.ndarray,
+    *,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    reduction_axes: int | Sequence[int] = -1,
+    feature_axes: int | Sequence[int] = -1,
+    epsilon: float = 1e-6,
+    p: PNorm | float = 2,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    use_fast_variance: bool = True,
+    mask: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """LayerNorm / InstanceNorm layer: per-example Lp normalization over ``reduction_axes``, then
+    ``scale`` and ``bias`` along ``feature_axes`` (Ba et al. 2016, Sec. 3)."""
+    check_floating(x, "x")
+    axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
+    shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
+    mean, var = dispersion_moments(
+        x, axes, p=canonical_p(p), mask=check_mask(mask, x), axis_name=axis_name,
+        axis_index_groups=axis_index_groups, one_pass=use_fast_variance,
+    )
+    return normalize(x, mean, var, scale=_expand(scale, shape), bias=_expand(bias, shape), epsilon=epsilon,
+                     dtype=_output_dtype(dtype, x, scale, bias))
+
+
+def num_groups_of(channels: int, num_groups: int | None, group_size: int | None) -> int:
+    """The group count from flax's ``num_groups`` / ``group_size`` pair, with flax's checks."""
+    if (num_groups is None) == (group_size is None):
+        raise ValueError(
+            "exactly one of num_groups and group_size must be given (to use group_size, pass "
+            f"num_groups=None); got num_groups={num_groups!r}, group_size={group_size!r}"
+        )
+    if group_size is not None:
+        check_positive_int(group_size, "group_size")
+        if channels % group_size:
+            raise ValueError(f"group_size={group_size} must divide the number of channels {channels}")
+        return channels // group_size
+    check_positive_int(num_groups, "num_groups")
+    if channels % num_groups:
+        raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
+    return num_groups
+
+
+def group_norm_layer(
+    x: jnp.ndarray,
+    *,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    num_groups: int | None = 32,
+    group_size: int | None = None,
+    reduction_axes: int | Sequence[int] | None = None,
+    epsilon: float = 1e-6,
+    p: PNorm | float = 2,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    use_fast_variance: bool = True,
+    mask: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """GroupNorm layer (Wu & He 2018, Eq. 1-3), channels last, Lp dispersion; see
+    :func:`jaxnorm.functional.group_norm` for the per-channel-then-group reduction."""
+    check_floating(x, "x")
+    groups = num_groups_of(x.shape[-1], num_groups, group_size)
+    if reduction_axes is None:
+        axes = tuple(range(1, x.ndim - 1))
+    else:
+        axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
+        if axes[-1] != x.ndim - 1:
+            raise ValueError(f"reduction_axes={reduction_axes!r} must include the last (channel) axis")
+        axes = axes[:-1]
+    shape = _feature_shape(x, (x.ndim - 1,))
+    mean, var = dispersion_moments(
+        x, axes, p=canonical_p(p), mask=check_mask(mask, x), axis_name=axis_name,
+        axis_index_groups=axis_index_groups, one_pass=use_fast_variance,
+        groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=groups),
+    )
+    return normalize(x, mean, var, scale=_expand(scale, shape), bias=_expand(bias, shape), epsilon=epsilon,
+                     dtype=_output_dtype(dtype, x, scale, bias))
+
+
+def rms_norm_layer(
+    x: jnp.ndarray,
+    *,
+    scale: jnp.ndarray | None,
+    reduction_axes: int | Sequence[int] = -1,
+    feature_axes: int | Sequence[int] = -1,
+    epsilon: float = 1e-6,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    mask: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
+    shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
+    out_dtype = _output_dtype(dtype, x, scale)
+    y = rms_norm(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=reduction_axes, epsilon=epsilon,
+                 axis_name=axis_name, axis_index_groups=axis_index_groups, mask=mask)
+    return normalize(y, jnp.zeros((), y.dtype), None, scale=_expand(scale, shape), dtype=out_dtype)

@@ -1,0 +1,249 @@
+"""flax.linen weight-space normalization layers: weight norm, scaled / bounded weight norm, WS, NormProp.
+
+Every layer stores the raw direction ``params/kernel`` (``v``, flax layout) and computes its effective
+kernel ``W(v)`` on each call with :mod:`jaxnorm.functional.weight`; nothing is overwritten in place.
+Each reparametrization is a small mixin over one Dense and one Conv base, so
+``WeightNormDense``/``WeightNormConv`` etc. share arguments with ``flax.linen.Dense``/``Conv``.
+
+Variables:
+  ``params/kernel`` (v), ``params/bias``; ``params/scale`` (g) for weight norm, scaled weight norm and
+  NormProp (gamma), ``params/gain`` for ``WSConv``; ``constants/rho`` for bounded weight norm (fixed at
+  initialisation, not trained — pass it to ``apply`` with the params, keep it out of the optimizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen import initializers
+from flax.typing import Dtype, Initializer
+
+from jaxnorm.functional import linear
+from jaxnorm.functional.activation import normprop_relu
+from jaxnorm.functional.stats import batch_moments
+from jaxnorm.functional.weight import (
+    bounded_weight_norm,
+    scaled_weight_norm,
+    unit_norm,
+    weight_norm,
+    weight_standardization,
+)
+
+__all__ = [
+    "BoundedWeightNormConv",
+    "BoundedWeightNormDense",
+    "NormPropConv",
+    "NormPropDense",
+    "ScaledWeightNormConv",
+    "ScaledWeightNormDense",
+    "WSConv",
+    "WeightNormConv",
+    "WeightNormDense",
+]
+
+GInit = Literal["norm", "ones", "data"]
+default_kernel_init = initializers.lecun_normal()
+
+
+class _Dense(nn.Module):
+    """A Dense layer whose kernel is ``self._reparametrize(v, x)``; arguments as ``flax.linen.Dense``."""
+
+    features: int
+    use_bias: bool = True
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    kernel_init: Initializer = default_kernel_init
+    bias_init: Initializer = initializers.zeros
+
+    kernel_size = None
+
+    def _linear(self, x, kernel, bias=None):
+        return linear.apply_linear(x, kernel, bias, conv=False, dtype=self.dtype)
+
+    @nn.compact
+    def __call__(self, x):
+        shape = linear.kernel_shape(x.shape[-1], self.features, None)
+        v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        kernel, bias = self._reparametrize(v, x)
+        return self._activate(self._linear(x, kernel, bias))
+
+    def _bias(self, init_value=None):
+        if not self.use_bias:
+            return None
+        init = self.bias_init if init_value is None else (lambda *_: init_value.astype(self.param_dtype))
+        return self.param("bias", init, (self.features,), self.param_dtype)
+
+    def _activate(self, y):
+        return y
+
+
+class _Conv(nn.Module):
+    """A Conv layer whose kernel is ``self._reparametrize(v, x)``; arguments as ``flax.linen.Conv``."""
+
+    features: int
+    kernel_size: Sequence[int]
+    strides: int | Sequence[int] = 1
+    padding: linear.Padding = "SAME"
+    input_dilation: int | Sequence[int] = 1
+    kernel_dilation: int | Sequence[int] = 1
+    feature_group_count: int = 1
+    use_bias: bool = True
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    kernel_init: Initializer = default_kernel_init
+    bias_init: Initializer = initializers.zeros
+
+    def _linear(self, x, kernel, bias=None):
+        return linear.apply_linear(
+            x, kernel, bias, conv=True, strides=self.strides, padding=self.padding,
+            input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
+            feature_group_count=self.feature_group_count, dtype=self.dtype,
+        )
+
+    @nn.compact
+    def __call__(self, x):
+        kernel_size = (self.kernel_size,) if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
+        shape = linear.kernel_shape(x.shape[-1], self.features, kernel_size, self.feature_group_count)
+        v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        kernel, bias = self._reparametrize(v, x)
+        return self._activate(self._linear(x, kernel, bias))
+
+    _bias = _Dense._bias
+    _activate = _Dense._activate
+
+
+class _WeightNorm(nn.Module):
+    """``W = g * v / ||v||`` per output unit (Salimans & Kingma 2016, Eq. 2).
+
+    ``g_init``: 'norm' (default) sets ``g = ||v||`` so the layer computes the same function as its
+    plain twin at initialisation; 'ones' is flax's ``g = 1``; 'data' is the data-dependent
+    initialisation of Salimans & Kingma (Sec. 3) from the batch given to ``init``: with
+    ``t = x * (v / ||v||)``, ``g = 1 / sqrt(var(t) + data_init_epsilon)`` and ``b = -mean(t) * g``,
+    so that pre-activations start with zero mean and unit variance per unit.
+    """
+
+    g_init: GInit = "norm"
+    epsilon: float = 1e-12
+    data_init_epsilon: float = 1e-5
+
+    def _reparametrize(self, v, x):
+        if self.g_init not in ("norm", "ones", "data"):
+            raise ValueError(f"g_init must be 'norm', 'ones' or 'data', got {self.g_init!r}")
+        init_bias = None
+        if self.g_init == "norm":
+            init_g = lambda *_: unit_norm(v, epsilon=self.epsilon)
+        elif self.g_init == "ones":
+            init_g = lambda *_: jnp.ones((v.shape[-1],), jnp.float32)
+        elif self.is_initializing():
+            direction = weight_norm(v, 1.0, epsilon=self.epsilon)
+            mean, var = batch_moments(self._linear(x, direction).astype(jnp.float32), axis=-1)
+            g = jax.lax.rsqrt(var + self.data_init_epsilon)
+            init_g, init_bias = (lambda *_: g), -mean * g
+        else:
+            init_g = initializers.ones
+        g = self.param("scale", lambda key, shape, dtype: jnp.asarray(init_g(key, shape), dtype),
+                       (v.shape[-1],), self.param_dtype)
+        return weight_norm(v, g, epsilon=self.epsilon), self._bias(init_bias)
+
+
+class _ScaledWeightNorm(nn.Module):
+    """``W = g * sqrt(gain * fan_in / fan_out) * v / ||v||``, ``g`` initialised to 1 (Arpit et al. 2019).
+
+    ``gain``: 2 before a ReLU, 1 for a linear layer, ``1 / N`` for the last layer of each of the N
+    residual branches of a stage.
+    """
+
+    gain: float = 2.0
+    epsilon: float = 1e-12
+    scale_init: Initializer = initializers.ones
+
+    def _reparametrize(self, v, x):
+        g = self.param("scale", self.scale_init, (v.shape[-1],), self.param_dtype)
+        return scaled_weight_norm(v, g, gain=self.gain, epsilon=self.epsilon), self._bias()
+
+
+class _BoundedWeightNorm(nn.Module):
+    """``W = rho * v / ||v||`` with ``rho`` fixed at initialisation (Hoffer et al. 2018, Sec. 4).
+
+    ``rho`` is the initial norm of each unit (``per_unit=True``) or their mean per layer (the paper's
+    scalar); it lives in the ``constants`` collection, so no optimizer changes it.
+    """
+
+    per_unit: bool = True
+    epsilon: float = 1e-12
+
+    def _reparametrize(self, v, x):
+        def init_rho():
+            norms = unit_norm(v)
+            return norms if self.per_unit else jnp.mean(norms)
+
+        rho = self.variable("constants", "rho", init_rho)
+        return bounded_weight_norm(v, rho.value, epsilon=self.epsilon), self._bias()
+
+
+class _WeightStandardization(nn.Module):
+    """Scaled weight standardization (Brock et al. 2021, Eq. 2) with a learned per-unit gain."""
+
+    use_gain: bool = True
+    epsilon: float = 1e-5
+    gain_init: Initializer = initializers.ones
+
+    def _reparametrize(self, v, x):
+        gain = self.param("gain", self.gain_init, (v.shape[-1],), self.param_dtype) if self.use_gain else None
+        return weight_standardization(v, gain=gain, epsilon=self.epsilon), self._bias()
+
+
+class _NormProp(nn.Module):
+    """Normalization propagation (Arpit et al. 2016, Sec. 3): ``u = gamma * W x / ||W|| + beta``, then
+    with ``activation=True`` the normalized ReLU ``(relu(u) - 1/sqrt(2 pi)) / sqrt((1 - 1/pi) / 2)``."""
+
+    activation: bool = True
+    epsilon: float = 1e-12
+    scale_init: Initializer = initializers.ones
+
+    def _reparametrize(self, v, x):
+        gamma = self.param("scale", self.scale_init, (v.shape[-1],), self.param_dtype)
+        return weight_norm(v, gamma, epsilon=self.epsilon), self._bias()
+
+    def _activate(self, y):
+        return normprop_relu(y) if self.activation else y
+
+
+class WeightNormDense(_WeightNorm, _Dense):
+    __doc__ = "Dense layer with weight normalization. " + _WeightNorm.__doc__
+
+
+class WeightNormConv(_WeightNorm, _Conv):
+    __doc__ = "Conv layer with weight normalization. " + _WeightNorm.__doc__
+
+
+class ScaledWeightNormDense(_ScaledWeightNorm, _Dense):
+    __doc__ = "Dense layer with scaled weight normalization. " + _ScaledWeightNorm.__doc__
+
+
+class ScaledWeightNormConv(_ScaledWeightNorm, _Conv):
+    __doc__ = "Conv layer with scaled weight normalization. " + _ScaledWeightNorm.__doc__
+
+
+class BoundedWeightNormDense(_BoundedWeightNorm, _Dense):
+    __doc__ = "Dense layer with bounded weight normalization. " + _BoundedWeightNorm.__doc__
+
+
+class BoundedWeightNormConv(_BoundedWeightNorm, _Conv):
+    __doc__ = "Conv layer with bounded weight normalization. " + _BoundedWeightNorm.__doc__
+
+
+class WSConv(_WeightStandardization, _Conv):
+    __doc__ = "Conv layer with scaled weight standardization. " + _WeightStandardization.__doc__
+
+
+class NormPropDense(_NormProp, _Dense):
+    __doc__ = "Dense normalization-propagation layer. " + _NormProp.__doc__
+
+
+class NormPropConv(_NormProp, _Conv):
+    __doc__ = "Conv normalization-propagation layer. " + _NormProp.__doc__
