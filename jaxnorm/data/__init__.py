@@ -1,0 +1,29 @@
+"""Datasets through ``tensorflow_datasets``: ``jaxnorm.data.load(name, split, ...)``.
+
+Offline Fashion-MNIST: :func:`prepare_fashion_mnist` builds TFDS's ``fashion_mnist`` from the
+Debian package ``dataset-fashion-mnist``; :func:`load` calls it when needed.
+"""
+
+from jaxnorm.data.augment import center_crop, random_crop, random_flip
+from jaxnorm.data.catalog import AUGMENTATIONS, DatasetInfo, info, names
+from jaxnorm.data.fashion_mnist import prepare_fashion_mnist
+from jaxnorm.data.paths import DATA_DIR_ENV, DatasetNotFoundError, resolve_data_dir
+from jaxnorm.data.pipeline import ArrayDataset, Dataset, load, standardize
+
+__all__ = [
+    "AUGMENTATIONS",
+    "DATA_DIR_ENV",
+    "ArrayDataset",
+    "Dataset",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "center_crop",
+    "info",
+    "load",
+    "names",
+    "prepare_fashion_mnist",
+    "random_crop",
+    "random_flip",
+    "resolve_data_dir",
+    "standardize",
+]

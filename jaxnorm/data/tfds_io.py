@@ -1,0 +1,63 @@
+"""Reading TFDS datasets: builders in a data directory, whole splits as NumPy arrays."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from jaxnorm.data import fashion_mnist
+from jaxnorm.data.catalog import missing_error
+
+
+@functools.cache
+def tensorflow():
+    """``tensorflow``, imported with every GPU hidden from it (JAX owns the accelerators)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TF already initialised its devices elsewhere.
+        pass
+    return tf
+
+
+def builder(name: str, data_dir: Path):
+    """The prepared TFDS builder of ``name`` in ``data_dir``.
+
+    ``fashion_mnist`` is prepared on the spot from the Debian package's files when they are
+    installed (:func:`jaxnorm.data.prepare_fashion_mnist`). Nothing is ever downloaded.
+    """
+    tensorflow()
+    import tensorflow_datasets as tfds
+
+    ds_builder = tfds.builder(name, data_dir=str(data_dir))
+    if (name == "fashion_mnist" and not ds_builder.is_prepared()
+            and Path(fashion_mnist.DEFAULT_SOURCE_DIR).is_dir()):
+        fashion_mnist.prepare_fashion_mnist(data_dir)
+        ds_builder = tfds.builder(name, data_dir=str(data_dir))
+    return ds_builder
+
+
+def as_dataset(ds_builder, split: str, **kwargs):
+    """``ds_builder.as_dataset(split, ...)``, with the missing-dataset error that says what to do."""
+    try:
+        return ds_builder.as_dataset(split=split, **kwargs)
+    except AssertionError as error:
+        raise missing_error(ds_builder.name, ds_builder.data_dir) from error
+
+
+@functools.lru_cache(maxsize=8)
+def read_arrays(name: str, split: str, data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``split`` of ``name`` as read-only ``(uint8 images (N, H, W, C), int32 labels (N,))``,
+    in TFDS's stored order. Cached: small datasets are read once per process."""
+    import tensorflow_datasets as tfds
+
+    ds = as_dataset(builder(name, data_dir), split, shuffle_files=False, batch_size=-1)
+    data = tfds.as_numpy(ds)
+    images = np.asarray(data["image"], dtype=np.uint8)
+    labels = np.asarray(data["label"], dtype=np.int32)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
