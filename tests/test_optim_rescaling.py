@@ -270,9 +270,7 @@ def test_errors():
     with pytest.raises(ValueError, match=r"params\['b'\]"):
         weight_rescaling(2, mask={"w": True, "b": True}).update(params, tx.init(params), params)
     with pytest.raises(TypeError, match="Python bool"):
-        weight_rescaling(2, mask={"w": jnp.ones(2, bool), "b": False}).update(
-            params, tx.init(params), params
-        )
+        weight_rescaling(2, mask={"w": jnp.ones(2, bool), "b": False}).update(params, tx.init(params), params)
 
 
 _SHARDED_SCRIPT = textwrap.dedent(

@@ -1,5 +1,9 @@
 """optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
 
+from jaxnorm.optim.projection import BWNProjectionState as BWNProjectionState
+from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
+from jaxnorm.optim.projection import bwn_projection as bwn_projection
+from jaxnorm.optim.projection import norm_schedule as norm_schedule
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
 from jaxnorm.optim.state import register_state_rule, rescale_state

@@ -76,8 +76,7 @@ def _as_bool(flag: Any, path: str, fn_name: str) -> bool:
         return bool(flag)
     if isinstance(flag, jax.core.Tracer) or jnp.ndim(flag) != 0:
         raise TypeError(
-            f"{fn_name}: mask leaf at {path} must be a Python bool (one per params leaf), "
-            f"got {flag!r}"
+            f"{fn_name}: mask leaf at {path} must be a Python bool (one per params leaf), got {flag!r}"
         )
     return bool(flag)
 
@@ -145,9 +144,7 @@ def _check_tau(tau: Any) -> None:
         return  # a hyperparameter injected by optax.inject_hyperparams, checked at construction
     value = np.asarray(tau)
     if value.ndim != 0 or value <= 0 or value != np.floor(value):
-        raise ValueError(
-            f"weight_rescaling: tau must be a positive integer number of steps, got {tau!r}"
-        )
+        raise ValueError(f"weight_rescaling: tau must be a positive integer number of steps, got {tau!r}")
 
 
 def weight_rescaling(
@@ -223,9 +220,7 @@ def weight_rescaling(
             return treedef.unflatten(new_updates), inner_state
 
         do_rescale = jnp.equal(jnp.mod(count, jnp.asarray(tau, count.dtype)), 0)
-        updates, inner_state = jax.lax.cond(
-            do_rescale, rescale, lambda u, s: (u, s), updates, inner_state
-        )
+        updates, inner_state = jax.lax.cond(do_rescale, rescale, lambda u, s: (u, s), updates, inner_state)
         return updates, WeightRescalingState(count=count, inner_state=inner_state)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

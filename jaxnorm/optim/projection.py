@@ -1,0 +1,224 @@
+"""Per-unit sphere projections after every step: bounded weight norm (BWN) and norm schedules.
+
+For a unit followed by batch norm only the direction of its weight vector ``w[..., j]`` matters, and
+an SGD step moves that direction by about ``eta / ||w_j||**2`` (Hoffer et al., *Norm matters*, Sec. 2;
+Liu et al., Cor. 3.3). Fixing the norm therefore fixes the effective step size:
+
+* :func:`bwn_projection` keeps every unit at the norm it had at ``init`` (or at ``rho``), the
+  bounded-weight-norm recipe of *Norm matters* Sec. 4 when combined with mean-only batch norm;
+* :func:`norm_schedule` projects every unit to ``rho(t)`` after each step, so that a constant
+  learning rate with a growing norm replaces a decaying learning rate: with SGD (momentum included),
+  learning rate ``eta`` at norm ``rho * sqrt(c)`` gives the same function trajectory as ``eta / c`` at
+  norm ``rho`` (Norm matters, Sec. 2).
+
+Both express the projection ``P`` as the update ``P(p + u) - p`` and go last in an ``optax.chain``;
+the projection is :func:`jaxnorm.functional.weight.project_to_norm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxnorm.functional.weight import project_to_norm, unit_norm
+from jaxnorm.optim.rescaling import MaskOrFn, check_params, resolve_mask
+from jaxnorm.optim.state import register_state_rule
+
+__all__ = [
+    "BWNProjectionState",
+    "NormScheduleState",
+    "bwn_projection",
+    "norm_schedule",
+    "project_units",
+]
+
+PyTree = Any
+NormTarget = float | jax.Array | PyTree
+
+
+class BWNProjectionState(NamedTuple):
+    """State of :func:`bwn_projection`.
+
+    Attributes:
+      norms: per-unit target norms recorded at ``init`` (``(out,)`` per selected kernel, ``None``
+        elsewhere); all ``None`` when a fixed ``rho`` was given.
+    """
+
+    norms: PyTree
+
+
+# The recorded targets are hyperparameters, not gradient statistics: a rescaling leaves them alone.
+register_state_rule(BWNProjectionState)
+
+
+class NormScheduleState(NamedTuple):
+    """State of :func:`norm_schedule`: ``count``, the number of updates applied so far."""
+
+    count: jnp.ndarray
+
+
+def _check_positive(rho: Any, fn_name: str, name: str) -> None:
+    for leaf in jax.tree.leaves(rho):
+        if isinstance(leaf, jax.core.Tracer):
+            continue
+        value = np.asarray(leaf)
+        if not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
+            raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
+        if np.any(~(value > 0)):
+            raise ValueError(f"{fn_name}: {name} must be positive norms, got {leaf!r}")
+
+
+def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: str) -> list:
+    """Flat list, one target per params leaf: ``rho`` broadcast (scalar) or taken per leaf (tree)."""
+    treedef = jax.tree.structure(params)
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(rho)) and jnp.ndim(rho) == 0:
+        return [rho] * treedef.num_leaves
+    try:
+        flat = treedef.flatten_up_to(rho)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{fn_name}: target norms must be a scalar or a tree with the params structure "
+            f"{treedef} (a scalar or an (out,) vector per selected kernel), got "
+            f"{jax.tree.structure(rho)}"
+        ) from err
+    for target, flag, leaf in zip(
+        flat, treedef.flatten_up_to(flags), treedef.flatten_up_to(params), strict=True
+    ):
+        if flag and jnp.ndim(target) != 0 and jnp.shape(target) != (jnp.shape(leaf)[-1],):
+            raise ValueError(
+                f"{fn_name}: target norms for a kernel of shape {jnp.shape(leaf)} must be a scalar "
+                f"or of shape ({jnp.shape(leaf)[-1]},), got shape {jnp.shape(target)}"
+            )
+    return flat
+
+
+def project_units(updates: PyTree, params: PyTree, flags: PyTree, targets: list) -> PyTree:
+    """The update ``P(p + u) - p`` with ``P`` the per-unit projection to norm ``target`` on the
+    leaves selected by ``flags`` (a bool tree); other leaves keep their update.
+
+    Args:
+      updates: incoming updates ``u``.
+      params: current params ``p``.
+      flags: bool tree with the params' structure.
+      targets: one entry per params leaf (flattened order): scalar or ``(out,)`` norms.
+    """
+    treedef = jax.tree.structure(params)
+    new_updates = []
+    for flag, p, u, rho in zip(
+        treedef.flatten_up_to(flags),
+        treedef.flatten_up_to(params),
+        treedef.flatten_up_to(updates),
+        targets,
+        strict=True,
+    ):
+        if flag:
+            u = (project_to_norm(p + u, rho) - p).astype(u.dtype)
+        new_updates.append(u)
+    return treedef.unflatten(new_updates)
+
+
+def bwn_projection(
+    *, mask: MaskOrFn = None, rho: NormTarget | str | None = None
+) -> optax.GradientTransformationExtraArgs:
+    """Bounded weight norm as a projection (Hoffer et al., *Norm matters*, Sec. 4).
+
+    After every update each selected unit has ``||w[..., j]||_2 = rho_j``:
+
+    * ``rho=None``: ``rho_j`` is the unit's norm at ``init`` (recorded in the state);
+    * ``rho="layer"``: the paper's per-layer scalar, the mean of the layer's initial unit norms;
+    * ``rho`` a positive number (every unit) or a tree with the params' structure holding a scalar or
+      an ``(out,)`` vector per selected kernel.
+
+    Place it last in ``optax.chain``; the update is ``P(p + u) - p``. Combine it with mean-only batch
+    norm for the paper's BWN recipe. The optimizer's state is left as it is.
+
+    Args:
+      mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
+      rho: target norms, see above.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 4 and Supp. Table 1.
+    """
+    if isinstance(rho, str):
+        if rho != "layer":
+            raise ValueError(
+                f"bwn_projection: rho must be None, 'layer', a positive number or a tree of them, got {rho!r}"
+            )
+    elif rho is not None:
+        _check_positive(rho, "bwn_projection", "rho")
+
+    def init_fn(params: PyTree) -> BWNProjectionState:
+        flags = resolve_mask(mask, params, "bwn_projection")
+        if rho is not None and not isinstance(rho, str):
+            _per_leaf_targets(rho, params, flags, "bwn_projection")  # shape check
+            return BWNProjectionState(norms=jax.tree.map(lambda _: None, params))
+
+        def leaf(flag, p):
+            if not flag:
+                return None
+            norms = unit_norm(p)
+            return jnp.full_like(norms, jnp.mean(norms)) if rho == "layer" else norms
+
+        return BWNProjectionState(norms=jax.tree.map(leaf, flags, params))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        check_params(params, "bwn_projection")
+        flags = resolve_mask(mask, params, "bwn_projection")
+        if rho is None or isinstance(rho, str):
+            targets = jax.tree.structure(params).flatten_up_to(state.norms)
+        else:
+            targets = _per_leaf_targets(rho, params, flags, "bwn_projection")
+        return project_units(updates, params, flags, targets), state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def norm_schedule(
+    schedule: Callable[[jax.Array], NormTarget] | NormTarget, mask: MaskOrFn = None
+) -> optax.GradientTransformationExtraArgs:
+    """Norm schedule (Hoffer et al., *Norm matters*, Sec. 2): after every step, unit norms = rho(t).
+
+    On update ``t`` (``t = 0, 1, ...``, the count before the update, as optax schedules are called)
+    every selected unit is projected to ``||w[..., j]||_2 = schedule(t)``. For scale-invariant units
+    (followed by batch norm) and SGD, multiplying the norm by ``sqrt(c)`` is equivalent to dividing
+    the learning rate by ``c``: the direction moves by ``eta / ||w||**2`` per step. A constant learning
+    rate with an increasing norm schedule thus replaces learning-rate decay.
+
+    Args:
+      schedule: ``count -> rho`` (an ``optax.Schedule``) or a constant; ``rho`` is a positive scalar
+        or a tree with the params' structure (a scalar or ``(out,)`` vector per selected kernel).
+        Under ``optax.inject_hyperparams`` the schedule is evaluated there and passed in as a value.
+      mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 2 and Supp. Sec. 1.
+    """
+    if not callable(schedule):
+        _check_positive(schedule, "norm_schedule", "schedule values")
+
+    def init_fn(params: PyTree) -> NormScheduleState:
+        del params
+        return NormScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        check_params(params, "norm_schedule")
+        flags = resolve_mask(mask, params, "norm_schedule")
+        rho = schedule(state.count) if callable(schedule) else schedule
+        targets = _per_leaf_targets(rho, params, flags, "norm_schedule")
+        updates = project_units(updates, params, flags, targets)
+        return updates, NormScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
