@@ -1,0 +1,368 @@
+"""flax.nnx activation-normalization modules: drop-ins for their ``flax.nnx`` namesakes.
+
+Constructors take flax.nnx's arguments with flax's defaults (``num_features`` first, ``rngs`` keyword),
+the modules hold the same attributes (``scale``, ``bias`` as :class:`flax.nnx.Param`; ``mean``, ``var``
+as :class:`flax.nnx.BatchStat`), and for ``p = 2`` they compute flax's numbers. jaxnorm's own arguments
+are those of :mod:`jaxnorm.nn`: ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``, ``virtual_batch_size``,
+``mean_only``. As ``nnx.BatchNorm`` does, :class:`BatchNorm` moves its running statistics on every call
+with ``use_running_average=False`` (nnx has no separate init pass).
+
+Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation (shifted
+sums, :mod:`jaxnorm.functional.stats`) rather than ``E[x^2] - E[x]^2``; running statistics stay float32
+whatever ``dtype`` is; statistics of half-precision inputs are float32.
+
+The computation lives in :mod:`jaxnorm.functional.layers`, shared with :mod:`jaxnorm.nn`; these classes
+only hold variables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import dtypes
+from flax.typing import Dtype, Initializer, PromoteDtypeFn
+
+from jaxnorm.functional import layers
+from jaxnorm.functional._checks import PNorm, canonical_axes, canonical_p
+from jaxnorm.functional.stats import Calibration
+from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
+
+__all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
+
+Axes = int | Sequence[int]
+
+
+def _check_features(x: jnp.ndarray, axes: Axes, num_features: int, name: str) -> tuple[int, ...]:
+    """Canonical ``axes`` of ``x``, checking that they hold ``num_features`` elements."""
+    axes = canonical_axes(axes, x.ndim, name)
+    size = math.prod(x.shape[a] for a in axes)
+    if size != num_features:
+        raise ValueError(
+            f"num_features={num_features} does not match the input: x.shape={x.shape} has {size} "
+            f"elements along {name}={axes}"
+        )
+    return axes
+
+
+class _Affine(nnx.Module):
+    """Shared constructor part: ``scale`` then ``bias`` (flax's key order) and the common settings."""
+
+    def _init_affine(self, num_features, *, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
+                     scale_init, axis_name, axis_index_groups, use_fast_variance, promote_dtype, rngs,
+                     bias_metadata, scale_metadata):
+        shape = (num_features,)
+        self.scale = optional_param(use_scale, scale_init, shape, param_dtype, rngs, scale_metadata)
+        self.bias = optional_param(use_bias, bias_init, shape, param_dtype, rngs, bias_metadata)
+        self.num_features = num_features
+        self.epsilon = epsilon
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_bias = use_bias
+        self.use_scale = use_scale
+        self.axis_name = axis_name
+        self.axis_index_groups = axis_index_groups
+        self.use_fast_variance = use_fast_variance
+        self.promote_dtype = promote_dtype
+
+    def _promoted(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
+        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does."""
+        return self.promote_dtype((x, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype)
+
+
+class BatchNorm(_Affine):
+    """Batch normalization with L2, L1, L∞ or top-k L∞ statistics (Hoffer et al., *Norm matters*, Sec. 3).
+
+    A drop-in for ``flax.nnx.BatchNorm``: same constructor, attributes (``scale``, ``bias``, ``mean``,
+    ``var``) and, for ``p=2``, numbers. jaxnorm's arguments, as :class:`jaxnorm.nn.BatchNorm`:
+
+    Args:
+      p: 2 (default), 1 (``sqrt(pi/2) * mean|x - mu|``) or 'inf' (``C(n) * max|x - mu|``).
+      topk: with ``p='inf'``, the mean of the ``topk`` largest deviations replaces the max.
+      calibration: 'paper' (the paper's ``C(n)``) or 'exact' (``1 / E[max of n |N(0,1)|]``).
+      virtual_batch_size: ghost batch norm — statistics per sub-batch of this size along axis 0.
+      mean_only: subtract the batch mean only (for bounded weight norm / weight norm networks).
+
+    ``var`` holds ``sigma_hat**2`` for every ``p``, so evaluation is the same for all. ``axis`` may be a
+    sequence of axes; ``num_features`` is then the number of elements they span.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = False,
+        axis: Axes = -1,
+        momentum: float = 0.99,
+        epsilon: float = 1e-5,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: Initializer = nnx.initializers.zeros,
+        scale_init: Initializer = nnx.initializers.ones,
+        axis_name: str | None = None,
+        axis_index_groups: Any = None,
+        use_fast_variance: bool = True,
+        promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+        rngs: nnx.Rngs,
+        bias_metadata: Mapping[str, Any] = NO_METADATA,
+        scale_metadata: Mapping[str, Any] = NO_METADATA,
+        p: PNorm | float = 2,
+        topk: int | None = None,
+        calibration: Calibration = "paper",
+        virtual_batch_size: int | None = None,
+        mean_only: bool = False,
+    ):
+        self.p = canonical_p(p)
+        self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
+        self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
+        self._init_affine(
+            num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+            use_scale=use_scale, bias_init=bias_init, scale_init=scale_init, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+            promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+            scale_metadata=scale_metadata,
+        )
+        self.use_running_average = use_running_average
+        self.axis = axis
+        self.momentum = momentum
+        self.topk = topk
+        self.calibration = calibration
+        self.virtual_batch_size = virtual_batch_size
+        self.mean_only = mean_only
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+        """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the elements of the statistics.
+
+        ``use_running_average`` given here takes precedence over the constructor's. In training mode the
+        running statistics move towards the batch statistics: ``ra = momentum * ra + (1 - momentum) * b``.
+        """
+        if use_running_average is None:
+            use_running_average = self.use_running_average
+        if use_running_average is None:
+            raise ValueError(
+                "use_running_average must be given to BatchNorm's constructor or call (or set with "
+                "model.eval() / model.train()), got None in both"
+            )
+        feature_axes = _check_features(x, self.axis, self.num_features, "axis")
+        x, scale, bias = self._promoted(x)
+        out = layers.batch_norm_layer(
+            x, running_mean=self.mean[...], running_var=self.var[...], scale=scale, bias=bias,
+            use_running_average=use_running_average, axis=feature_axes, momentum=self.momentum,
+            epsilon=self.epsilon, p=self.p, topk=self.topk, calibration=self.calibration,
+            virtual_batch_size=self.virtual_batch_size, mean_only=self.mean_only,
+            axis_name=self.axis_name, axis_index_groups=self.axis_index_groups,
+            use_fast_variance=self.use_fast_variance, mask=mask, dtype=self.dtype,
+        )
+        if not use_running_average:
+            self.mean[...] = out.running_mean
+            self.var[...] = out.running_var
+        return out.y
+
+
+class LayerNorm(_Affine):
+    """Layer normalization (Ba et al. 2016, Sec. 3) with an L2, L1 or L∞ dispersion.
+
+    A drop-in for ``flax.nnx.LayerNorm`` (``reduction_axes``, ``feature_axes``, ...) plus ``p``.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: Initializer = nnx.initializers.zeros,
+        scale_init: Initializer = nnx.initializers.ones,
+        reduction_axes: Axes = -1,
+        feature_axes: Axes = -1,
+        axis_name: str | None = None,
+        axis_index_groups: Any = None,
+        use_fast_variance: bool = True,
+        promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+        rngs: nnx.Rngs,
+        bias_metadata: Mapping[str, Any] = NO_METADATA,
+        scale_metadata: Mapping[str, Any] = NO_METADATA,
+        p: PNorm | float = 2,
+    ):
+        self.p = canonical_p(p)
+        self._init_affine(
+            num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+            use_scale=use_scale, bias_init=bias_init, scale_init=scale_init, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+            promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+            scale_metadata=scale_metadata,
+        )
+        self.reduction_axes = reduction_axes
+        self.feature_axes = feature_axes
+
+    def __call__(self, x, *, mask=None):
+        """Normalize each example over ``reduction_axes``; ``mask`` selects the elements of the statistics."""
+        feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
+        x, scale, bias = self._promoted(x)
+        return layers.layer_norm_layer(
+            x, scale=scale, bias=bias, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
+            epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
+            mask=mask, dtype=self.dtype,
+        )
+
+
+class InstanceNorm(_Affine):
+    """Instance normalization (Ulyanov et al. 2016): per example and channel over the spatial axes.
+
+    A drop-in for ``flax.nnx.InstanceNorm`` plus ``p``.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: Initializer = nnx.initializers.zeros,
+        scale_init: Initializer = nnx.initializers.ones,
+        feature_axes: Axes = -1,
+        axis_name: str | None = None,
+        axis_index_groups: Any = None,
+        use_fast_variance: bool = True,
+        promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+        rngs: nnx.Rngs,
+        bias_metadata: Mapping[str, Any] = NO_METADATA,
+        scale_metadata: Mapping[str, Any] = NO_METADATA,
+        p: PNorm | float = 2,
+    ):
+        self.p = canonical_p(p)
+        self._init_affine(
+            num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+            use_scale=use_scale, bias_init=bias_init, scale_init=scale_init, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+            promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+            scale_metadata=scale_metadata,
+        )
+        self.feature_axes = feature_axes
+
+    def __call__(self, x, *, mask=None):
+        """Normalize each example and channel over every axis but the batch and ``feature_axes``."""
+        feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
+        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        x, scale, bias = self._promoted(x)
+        return layers.layer_norm_layer(
+            x, scale=scale, bias=bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
+            epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
+            mask=mask, dtype=self.dtype,
+        )
+
+
+class GroupNorm(_Affine):
+    """Group normalization (Wu & He 2018, Eq. 1-3) with an L2, L1 or L∞ dispersion, channels last.
+
+    A drop-in for ``flax.nnx.GroupNorm`` (``num_groups=32`` or ``group_size``, ``reduction_axes``) plus
+    ``p``. After construction ``num_groups`` and ``group_size`` both hold their resolved values, as in
+    flax. Computed as per-channel reductions merged per group (see :func:`jaxnorm.functional.group_norm`).
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        num_groups: int | None = 32,
+        group_size: int | None = None,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        use_bias: bool = True,
+        use_scale: bool = True,
+        bias_init: Initializer = nnx.initializers.zeros,
+        scale_init: Initializer = nnx.initializers.ones,
+        reduction_axes: Axes | None = None,
+        axis_name: str | None = None,
+        axis_index_groups: Any = None,
+        use_fast_variance: bool = True,
+        promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+        rngs: nnx.Rngs,
+        bias_metadata: Mapping[str, Any] = NO_METADATA,
+        scale_metadata: Mapping[str, Any] = NO_METADATA,
+        p: PNorm | float = 2,
+    ):
+        self.p = canonical_p(p)
+        self.num_groups = layers.num_groups_of(num_features, num_groups, group_size)
+        self.group_size = num_features // self.num_groups
+        self._init_affine(
+            num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+            use_scale=use_scale, bias_init=bias_init, scale_init=scale_init, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+            promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+            scale_metadata=scale_metadata,
+        )
+        self.reduction_axes = reduction_axes
+
+    def __call__(self, x, *, mask=None):
+        """Normalize each example and channel group over ``reduction_axes`` (default: all non-batch)."""
+        _check_features(x, -1, self.num_features, "the channel axis -1")
+        x, scale, bias = self._promoted(x)
+        return layers.group_norm_layer(
+            x, scale=scale, bias=bias, num_groups=self.num_groups, reduction_axes=self.reduction_axes,
+            epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
+            mask=mask, dtype=self.dtype,
+        )
+
+
+class RMSNorm(nnx.Module):
+    """RMS normalization (Zhang & Sennrich 2019, Eq. 4); a drop-in for ``flax.nnx.RMSNorm``.
+
+    ``use_fast_variance`` is accepted for flax compatibility; with no mean subtracted it changes nothing.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Dtype | None = None,
+        param_dtype: Dtype = jnp.float32,
+        use_scale: bool = True,
+        scale_init: Initializer = nnx.initializers.ones,
+        reduction_axes: Axes = -1,
+        feature_axes: Axes = -1,
+        axis_name: str | None = None,
+        axis_index_groups: Any = None,
+        use_fast_variance: bool = True,
+        promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+        rngs: nnx.Rngs,
+        scale_metadata: Mapping[str, Any] = NO_METADATA,
+    ):
+        self.scale = optional_param(use_scale, scale_init, (num_features,), param_dtype, rngs, scale_metadata)
+        self.num_features = num_features
+        self.epsilon = epsilon
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.use_scale = use_scale
+        self.reduction_axes = reduction_axes
+        self.feature_axes = feature_axes
+        self.axis_name = axis_name
+        self.axis_index_groups = axis_index_groups
+        self.use_fast_variance = use_fast_variance
+        self.promote_dtype = promote_dtype
+
+    def __call__(self, x, *, mask=None):
+        """``x * rsqrt(mean(x^2) + epsilon) * scale`` over ``reduction_axes``."""
+        feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
+        x, scale = self.promote_dtype((x, value_or_none(self.scale)), dtype=self.dtype)
+        return layers.rms_norm_layer(
+            x, scale=scale, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
+            epsilon=self.epsilon, axis_name=self.axis_name, axis_index_groups=self.axis_index_groups,
+            mask=mask, dtype=self.dtype,
+        )
