@@ -94,9 +94,17 @@ class MetricsWriter:
                 f.writelines(json.dumps(r) + "\n" for r in self.previous)
         self._file = open(path, "a")
         if tensorboard_dir:
-            from flax.metrics import tensorboard
-
-            self._tb = tensorboard.SummaryWriter(tensorboard_dir)
+            try:
+                import tensorflow as tf
+            except ImportError as e:
+                raise ImportError("tensorboard logging needs tensorflow (pip install tensorflow-cpu)") from e
+            self._tf = tf
+            self._tb = tf.summary.create_file_writer(tensorboard_dir)
+            # The metadata TensorBoard's scalars plugin reads; written directly so that the
+            # `tensorboard` package itself is not needed to log.
+            self._tb_metadata = tf.compat.v1.SummaryMetadata(
+                plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+            )
 
     def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> None:
         """Writes one record now (flushed, so a killed run keeps everything written so far)."""
@@ -107,9 +115,16 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            for k, v in record.items():
-                if k not in ("step", "split") and isinstance(v, int | float):
-                    self._tb.scalar(f"{split}/{k}", v, int(step))
+            with self._tb.as_default():
+                for k, v in record.items():
+                    if k not in ("step", "split") and isinstance(v, int | float):
+                        self._tf.summary.write(
+                            f"{split}/{k}",
+                            self._tf.constant(v, self._tf.float32),
+                            step=int(step),
+                            metadata=self._tb_metadata,
+                        )
+            self._tb.flush()
 
     def close(self) -> None:
         if not self.enabled:

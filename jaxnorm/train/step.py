@@ -24,8 +24,9 @@ StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example softmax cross-entropy with integer labels, computed in float32."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    """Per-example softmax cross-entropy with integer labels, in at least float32."""
+    dtype = jnp.promote_types(logits.dtype, jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(dtype), labels)
 
 
 def _pmean(x: PyTree, axis_name: str | None) -> PyTree:
@@ -71,7 +72,9 @@ def make_train_step(
         variables = {"params": params, **model_state}
         if dtype != jnp.float32:
             variables = cast_floating(variables, dtype)
-        images = batch["image"].astype(dtype)
+        images = batch["image"]
+        if dtype != jnp.float32:
+            images = images.astype(dtype)
         logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
         loss = cross_entropy(logits, batch["label"]).mean()
         accuracy = (jnp.argmax(logits, -1) == batch["label"]).mean()
@@ -110,7 +113,7 @@ def make_train_step(
         metrics = {
             "loss": loss,
             "accuracy": accuracy,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "loss_scale": state.loss_scale.scale,
         }
         metrics = _pmean(metrics, axis_name)
@@ -141,9 +144,10 @@ def make_eval_step(
 
     def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
         variables = state.variables
+        images = batch["image"]
         if dtype != jnp.float32:
-            variables = cast_floating(variables, dtype)
-        logits, _ = _apply(apply_fn, variables, batch["image"].astype(dtype), train=False)
+            variables, images = cast_floating(variables, dtype), images.astype(dtype)
+        logits, _ = _apply(apply_fn, variables, images, train=False)
         mask = batch.get("mask")
         if mask is None:
             mask = jnp.ones(batch["label"].shape, jnp.float32)

@@ -1,0 +1,153 @@
+"""Train / eval steps against float64 NumPy oracles; mixed precision and loss scaling."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnorm.train import (
+    LossScale,
+    adjust_loss_scale,
+    create_train_state,
+    initial_loss_scale,
+    make_eval_step,
+    make_train_step,
+)
+
+
+@pytest.fixture
+def x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+class Linear(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+        return nn.Dense(3, param_dtype=x.dtype)(x.reshape(x.shape[0], -1))
+
+
+class BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.Dense(8)(x.reshape(x.shape[0], -1))
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.5)(x)
+        return nn.Dense(3)(nn.relu(x))
+
+
+def _softmax_xent_grad(w, b, x, y):
+    """float64 NumPy: mean cross-entropy of softmax(x w + b) and its gradients."""
+    logits = x @ w + b
+    logits = logits - logits.max(1, keepdims=True)
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    n = len(y)
+    loss = -np.log(p[np.arange(n), y]).mean()
+    d = p.copy()
+    d[np.arange(n), y] -= 1
+    d /= n
+    return loss, x.T @ d, d.sum(0)
+
+
+def test_sgd_step_matches_numpy_oracle(x64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 5))
+    y = rng.integers(0, 3, 16).astype(np.int32)
+    model, tx = Linear(), optax.sgd(0.3)
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), jnp.asarray(x))
+    w = np.asarray(state.params["Dense_0"]["kernel"])
+    b = np.asarray(state.params["Dense_0"]["bias"])
+    step = jax.jit(make_train_step(model.apply, tx, schedule=optax.constant_schedule(0.3)))
+    new, metrics = step(state, {"image": jnp.asarray(x), "label": jnp.asarray(y)})
+    loss, gw, gb = _softmax_xent_grad(w, b, x, y)
+    np.testing.assert_allclose(new.params["Dense_0"]["kernel"], w - 0.3 * gw, rtol=1e-12)
+    np.testing.assert_allclose(new.params["Dense_0"]["bias"], b - 0.3 * gb, rtol=1e-12)
+    assert float(metrics["loss"]) == pytest.approx(loss, rel=1e-12)
+    assert float(metrics["grad_norm"]) == pytest.approx(np.sqrt((gw**2).sum() + (gb**2).sum()))
+    assert float(metrics["lr"]) == pytest.approx(0.3)
+    assert int(new.step) == 1
+
+
+def _bn_setup():
+    rng = np.random.default_rng(1)
+    x = rng.normal(2.0, 3.0, size=(32, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 32).astype(np.int32)
+    model, tx = BNNet(), optax.sgd(0.1)
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), jnp.asarray(x[:1]))
+    return model, tx, state, {"image": jnp.asarray(x), "label": jnp.asarray(y)}
+
+
+def test_train_step_updates_running_statistics():
+    model, tx, state, batch = _bn_setup()
+    new, _ = jax.jit(make_train_step(model.apply, tx))(state, batch)
+    hidden = batch["image"] @ state.params["Dense_0"]["kernel"] + state.params["Dense_0"]["bias"]
+    # momentum 0.5: running = 0.5 * init + 0.5 * batch statistic
+    np.testing.assert_allclose(
+        new.model_state["batch_stats"]["BatchNorm_0"]["mean"], 0.5 * hidden.mean(0), rtol=1e-4
+    )
+
+
+def test_eval_uses_running_statistics_and_ignores_padding():
+    model, tx, state, batch = _bn_setup()
+    state, _ = jax.jit(make_train_step(model.apply, tx))(state, batch)
+    eval_step = jax.jit(make_eval_step(model.apply))
+    full = eval_step(state, batch)
+    # the same first 20 examples, padded with garbage to 32 and masked
+    padded = {
+        "image": batch["image"].at[20:].set(1e3),
+        "label": batch["label"],
+        "mask": (jnp.arange(32) < 20).astype(jnp.float32),
+    }
+    part = eval_step(state, padded)
+    head = eval_step(state, {k: v[:20] for k, v in batch.items()})
+    assert float(part["count"]) == 20.0
+    np.testing.assert_allclose(part["loss_sum"], head["loss_sum"], rtol=1e-5)
+    assert float(part["correct"]) == float(head["correct"])
+    # running statistics, not batch statistics: per-example logits do not depend on the batch
+    logits = model.apply(state.variables, batch["image"], train=False)
+    logits_one = model.apply(state.variables, batch["image"][:1], train=False)
+    np.testing.assert_allclose(logits[:1], logits_one, rtol=1e-5)
+    assert float(full["count"]) == 32.0
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_mixed_precision_keeps_float32_master_state(precision):
+    model, tx, state, batch = _bn_setup()
+    state = state._replace(loss_scale=initial_loss_scale(precision))
+    step = jax.jit(make_train_step(model.apply, tx, precision=precision))
+    new, metrics = step(state, batch)
+    for leaf in jax.tree.leaves((new.params, new.model_state)):
+        assert leaf.dtype == jnp.float32
+    _, ref_metrics = jax.jit(make_train_step(model.apply, tx))(state, batch)
+    assert float(metrics["loss"]) == pytest.approx(float(ref_metrics["loss"]), rel=0.05)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(new.params))
+
+
+def test_float16_overflow_skips_the_update_and_halves_the_scale():
+    model, tx, state, batch = _bn_setup()
+    state = state._replace(loss_scale=LossScale(jnp.float32(2.0**60), jnp.int32(5)))
+    new, _ = jax.jit(make_train_step(model.apply, tx, precision="float16"))(state, batch)
+    assert float(new.loss_scale.scale) == 2.0**59
+    assert int(new.loss_scale.good_steps) == 0
+    chex_equal = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new.params, state.params)
+    assert all(jax.tree.leaves(chex_equal))
+    assert int(new.step) == 1
+
+
+def test_loss_scale_grows_after_a_period_of_finite_steps():
+    state = LossScale(jnp.float32(8.0), jnp.int32(0))
+    for _ in range(3):
+        state = adjust_loss_scale(state, jnp.array(True), period=4)
+    assert float(state.scale) == 8.0 and int(state.good_steps) == 3
+    state = adjust_loss_scale(state, jnp.array(True), period=4)
+    assert float(state.scale) == 16.0 and int(state.good_steps) == 0
+    state = adjust_loss_scale(LossScale(jnp.float32(1.0), jnp.int32(2)), jnp.array(False))
+    assert float(state.scale) == 1.0  # never below 1
+
+
+def test_bad_precision_is_rejected():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        make_train_step(Linear().apply, optax.sgd(0.1), precision="float8")
