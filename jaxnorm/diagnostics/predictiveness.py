@@ -1,0 +1,90 @@
+"""Loss landscape along the gradient: loss variation, gradient predictiveness, effective smoothness.
+
+Santurkar, Tsipras, Ilyas & Madry, *How does batch normalization help optimization?* (NeurIPS
+2018), Sec. 3.1, Fig. 4 (reproduced in Arpit, *Normalization techniques*, slides 001, Sec. 7): at
+params ``p`` with gradient ``g``, move along the gradient to ``p_i = p - eta_i g`` for several step
+sizes and record
+
+* the loss ``L(p_i)`` (its range over ``i``: the loss landscape's variation),
+* the gradient change ``||grad L(p_i) - g||`` (gradient predictiveness: small = predictive),
+* ``||grad L(p_i) - g|| / ||p_i - p||``, whose maximum is the "effective" beta-smoothness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+__all__ = ["GradientPredictiveness", "gradient_predictiveness"]
+
+PyTree = Any
+
+
+class GradientPredictiveness(NamedTuple):
+    """Result of :func:`gradient_predictiveness`; arrays of shape ``(len(step_sizes),)`` or scalars.
+
+    Attributes:
+      step_sizes: the ``eta_i``.
+      losses: ``L(p - eta_i g)``.
+      gradient_changes: ``||grad L(p - eta_i g) - g||``.
+      loss_variation: ``max_i losses - min_i losses``.
+      effective_smoothness: ``max_i ||grad L(p - eta_i g) - g|| / (eta_i ||g||)``.
+      gradient_norm: ``||g||``.
+    """
+
+    step_sizes: jax.Array
+    losses: jax.Array
+    gradient_changes: jax.Array
+    loss_variation: jax.Array
+    effective_smoothness: jax.Array
+    gradient_norm: jax.Array
+
+
+def gradient_predictiveness(
+    loss_fn: Callable[..., jax.Array],
+    params: PyTree,
+    *args,
+    step_sizes: Sequence[float] | jax.Array = (0.05, 0.1, 0.2, 0.4),
+    **kwargs,
+) -> GradientPredictiveness:
+    """Loss and gradient along the gradient direction (Santurkar et al. 2018, Sec. 3.1, Fig. 4).
+
+    Args:
+      loss_fn: scalar loss ``loss_fn(params, *args, **kwargs)``.
+      params: the current params ``p``.
+      *args, **kwargs: passed on to ``loss_fn`` (the same batch for every point).
+      step_sizes: positive ``eta_i`` (the paper uses a range around the training learning rate).
+
+    A zero gradient gives zero changes and zero smoothness (no direction to move in).
+    """
+    etas = jnp.asarray(step_sizes)
+    if etas.ndim != 1 or etas.size == 0:
+        raise ValueError(f"gradient_predictiveness: step_sizes must be a 1-D sequence, got {step_sizes!r}")
+    if not isinstance(etas, jax.core.Tracer) and not bool(jnp.all(etas > 0)):
+        raise ValueError(f"gradient_predictiveness: step_sizes must be positive, got {step_sizes!r}")
+
+    value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
+    _, grads = value_and_grad(params)
+    flat_grads, _ = ravel_pytree(grads)
+    gradient_norm = jnp.linalg.norm(flat_grads)
+
+    def probe(eta):
+        moved = jax.tree.map(lambda p, g: p - (eta * g).astype(p.dtype), params, grads)
+        loss, new_grads = value_and_grad(moved)
+        return loss, jnp.linalg.norm(ravel_pytree(new_grads)[0] - flat_grads)
+
+    losses, changes = jax.lax.map(probe, etas.astype(flat_grads.dtype))
+    distance = etas * gradient_norm
+    ratios = jnp.where(distance > 0, changes / jnp.where(distance > 0, distance, 1.0), 0.0)
+    return GradientPredictiveness(
+        step_sizes=etas,
+        losses=losses,
+        gradient_changes=changes,
+        loss_variation=jnp.max(losses) - jnp.min(losses),
+        effective_smoothness=jnp.max(ratios),
+        gradient_norm=gradient_norm,
+    )

@@ -1,0 +1,314 @@
+"""Diagnostics against float64 NumPy / SciPy oracles and against the theorems they measure."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxnorm import diagnostics as dg
+
+
+@pytest.fixture
+def x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+def _np_unit_norm(w):
+    w = np.asarray(w, np.float64)
+    return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))
+
+
+def _params(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "conv": jnp.asarray(rng.normal(size=(3, 3, 2, 4))),
+        "dense": {"kernel": jnp.asarray(rng.normal(size=(5, 3)) * 3.0), "bias": jnp.ones(3)},
+    }
+
+
+# ----------------------------------------------------------------------------- per-unit norms
+
+
+def test_unit_norms_and_effective_lr(x64):
+    params = _params()
+    norms = dg.unit_norms(params)
+    assert norms["dense"]["bias"] is None
+    np.testing.assert_allclose(norms["conv"], _np_unit_norm(params["conv"]), rtol=1e-14)
+    lr = dg.effective_learning_rate(params, 0.1)
+    np.testing.assert_allclose(
+        lr["dense"]["kernel"], 0.1 / _np_unit_norm(params["dense"]["kernel"]) ** 2, rtol=1e-10
+    )
+    only_conv = dg.unit_norms(
+        params, mask=lambda p: {"conv": True, "dense": {"kernel": False, "bias": False}}
+    )
+    assert only_conv["dense"]["kernel"] is None
+    assert np.isfinite(np.asarray(dg.effective_learning_rate({"w": jnp.zeros((2, 2))}, 0.1)["w"])).all()
+
+
+def test_angular_update_against_arccos_and_tiny_angles(x64):
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    expected = np.arccos(np.sum(a * b, 0) / (_np_unit_norm(a) * _np_unit_norm(b)))
+    got = dg.angular_update({"w": jnp.asarray(a)}, {"w": jnp.asarray(b)})["w"]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    # a rotation by 1e-9 rad in the plane of two orthonormal vectors: arccos would return 0 or 1e-8
+    e1, e2 = np.eye(4)[:, :1], np.eye(4)[:, 1:2]
+    theta = 1e-9
+    rotated = np.cos(theta) * e1 + np.sin(theta) * e2
+    got = dg.angular_update({"w": jnp.asarray(e1 * 3.0)}, {"w": jnp.asarray(rotated * 0.2)})["w"]
+    np.testing.assert_allclose(got, [theta], rtol=1e-6)
+    got = dg.angular_update({"w": jnp.asarray(e1)}, {"w": jnp.asarray(-e1)})["w"]
+    np.testing.assert_allclose(got, [np.pi], rtol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), log_c1=st.floats(-3, 3), log_c2=st.floats(-3, 3))
+def test_angular_update_is_scale_invariant(seed, log_c1, log_c2):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    base = dg.angular_update({"w": jnp.asarray(a, jnp.float32)}, {"w": jnp.asarray(b, jnp.float32)})["w"]
+    scaled = dg.angular_update(
+        {"w": jnp.asarray(a * 10**log_c1, jnp.float32)}, {"w": jnp.asarray(b * 10**log_c2, jnp.float32)}
+    )["w"]
+    np.testing.assert_allclose(scaled, base, rtol=1e-5, atol=1e-6)
+
+
+class _BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for width in (12, 6):
+            x = nn.Dense(width, use_bias=False, param_dtype=jnp.float64)(x)
+            x = nn.BatchNorm(use_running_average=False, epsilon=1e-14, param_dtype=jnp.float64)(x)
+            x = nn.relu(x)
+        return nn.Dense(3, param_dtype=jnp.float64)(x)
+
+
+def _bn_problem(batch=32):
+    model = _BNNet()
+    x = jax.random.normal(jax.random.key(0), (batch, 8), jnp.float64)
+    y = jax.random.randint(jax.random.key(1), (batch,), 0, 3)
+    params = model.init(jax.random.key(2), x)["params"]
+
+    def loss(p, x=x):
+        logits, _ = model.apply({"params": p}, x, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return params, loss, x
+
+
+def _kernels_before_bn(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p.ndim >= 2 and path[0].key in ("Dense_0", "Dense_1"), params
+    )
+
+
+def test_theorem_3_1_weight_gradient_orthogonal(x64):
+    params, loss, _ = _bn_problem()
+    grads = jax.jit(jax.grad(loss))(params)
+    inner = dg.weight_gradient_inner(params, grads)
+    scale = jax.tree.map(
+        lambda w, g: None if w is None else w * g,
+        dg.unit_norms(params),
+        dg.unit_norms(grads),
+        is_leaf=lambda x: x is None,
+    )
+    for name in ("Dense_0", "Dense_1"):
+        assert np.all(np.abs(inner[name]["kernel"]) <= 1e-10 * scale[name]["kernel"])
+    # the output layer is not followed by BN: its <w, g> is not zero (the check can fail)
+    assert np.max(np.abs(inner["Dense_2"]["kernel"]) / scale["Dense_2"]["kernel"]) > 1e-3
+
+
+def test_corollary_3_3_norm_growth(x64):
+    params, loss, _ = _bn_problem()
+    eta = 0.7
+    grads = jax.jit(jax.grad(loss))(params)
+    new = jax.tree.map(lambda p, g: p - eta * g, params, grads)
+    mask = _kernels_before_bn(params)
+    predicted = dg.predicted_norm_growth(grads, eta, mask=mask)
+    before, after = dg.unit_norms(params, mask=mask), dg.unit_norms(new, mask=mask)
+    for name in ("Dense_0", "Dense_1"):
+        growth = np.asarray(after[name]["kernel"]) ** 2 - np.asarray(before[name]["kernel"]) ** 2
+        assert np.all(growth > 0)
+        np.testing.assert_allclose(growth, predicted[name]["kernel"], rtol=1e-8)
+    # the effective step: the angle moved is about eta ||g|| / ||w||
+    angle = dg.angular_update(params, new, mask=mask)["Dense_0"]["kernel"]
+    first_order = eta * _np_unit_norm(grads["Dense_0"]["kernel"]) / _np_unit_norm(params["Dense_0"]["kernel"])
+    np.testing.assert_allclose(angle, np.arctan(first_order), rtol=1e-8)
+
+
+# ----------------------------------------------------------------------------- input span
+
+
+@pytest.mark.parametrize("strides,padding", [((1, 1), "SAME"), ((2, 2), "VALID")])
+def test_conv_patches_match_flax_conv(strides, padding):
+    x = jax.random.normal(jax.random.key(0), (2, 7, 6, 3))
+    conv = nn.Conv(5, (3, 2), strides=strides, padding=padding, use_bias=False)
+    variables = conv.init(jax.random.key(1), x)
+    kernel = variables["params"]["kernel"]
+    expected = conv.apply(variables, x).reshape(-1, 5)
+    got = dg.conv_patches(x, (3, 2), strides=strides, padding=padding) @ kernel.reshape(-1, 5)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_input_span_projection_against_numpy(x64):
+    rng = np.random.default_rng(2)
+    inputs = rng.normal(size=(200, 6)) @ rng.normal(size=(6, 6))
+    kernel = rng.normal(size=(6, 4))
+    result = dg.input_span_projection(jnp.asarray(kernel), jnp.asarray(inputs))
+    centered = inputs - inputs.mean(0)
+    eigenvalues, eigenvectors = np.linalg.eigh(centered.T @ centered / len(inputs))
+    np.testing.assert_allclose(result.eigenvalues, eigenvalues[::-1], rtol=1e-10)
+    # eigenvectors are defined up to sign: compare |V| and the reconstruction U V = W
+    np.testing.assert_allclose(np.abs(result.projected), np.abs(eigenvectors[:, ::-1].T @ kernel), rtol=1e-8)
+    np.testing.assert_allclose(result.eigenvectors @ result.projected, kernel, atol=1e-10)
+    np.testing.assert_allclose(_np_unit_norm(result.projected), _np_unit_norm(kernel), rtol=1e-12)
+    assert int(result.rank) == 6
+    np.testing.assert_allclose(result.in_span_fraction, 1.0, rtol=1e-12)
+
+
+def test_sgd_updates_only_inside_the_input_span(x64):
+    """Liu et al., Sec. 4.2: a batch of B rows spans B - 1 directions; the BN layer's gradient lies
+    in them, so the weight component outside never changes."""
+    batch, fan_in = 6, 16
+    x = jax.random.normal(jax.random.key(3), (batch, 8), jnp.float64)
+    x = jnp.concatenate([x, x], axis=1)  # 16 input features, rank of the centered batch = 5
+    model = _BNNet()
+    params = model.init(jax.random.key(4), x)["params"]
+    y = jnp.arange(batch) % 3
+
+    def loss(p):
+        logits, _ = model.apply({"params": p}, x, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    grads = jax.jit(jax.grad(loss))(params)
+    kernel, grad = params["Dense_0"]["kernel"], grads["Dense_0"]["kernel"]
+    result = dg.input_span_projection(kernel, x)
+    assert int(result.rank) == batch - 1
+    projected_grad = result.eigenvectors.T @ grad
+    outside = np.abs(np.asarray(projected_grad[batch - 1 :]))
+    assert outside.max() <= 1e-10 * np.abs(np.asarray(projected_grad)).max()
+    assert fan_in == kernel.shape[0]
+    # the initial kernel is not in the span: most of its energy lies outside
+    assert np.all(np.asarray(result.in_span_fraction) < 0.9)
+
+
+# ----------------------------------------------------------------------------- GGD fit
+
+
+@pytest.mark.parametrize("beta", [0.6, 1.0, 2.0, 4.0])
+def test_ggd_fit_recovers_known_beta(beta):
+    x = scipy.stats.gennorm.rvs(beta, scale=0.03, size=200_000, random_state=np.random.default_rng(5))
+    fit = dg.fit_generalized_gaussian(jnp.asarray(x, jnp.float32))
+    np.testing.assert_allclose(fit.beta, beta, rtol=0.03)
+    np.testing.assert_allclose(fit.scale, 0.03, rtol=0.03)
+
+
+@pytest.mark.parametrize("beta", [0.8, 2.5])
+def test_ggd_fit_is_the_scipy_mle(x64, beta):
+    rng = np.random.default_rng(6)
+    x = scipy.stats.gennorm.rvs(beta, loc=0.3, scale=2.0, size=5000, random_state=rng)
+    fit = dg.fit_generalized_gaussian(jnp.asarray(x), loc=0.3)
+    beta_ref, _, scale_ref = scipy.stats.gennorm.fit(x, floc=0.3)
+    np.testing.assert_allclose(fit.beta, beta_ref, rtol=1e-4)
+    np.testing.assert_allclose(fit.scale, scale_ref, rtol=1e-4)
+    np.testing.assert_allclose(fit.loc, 0.3)
+    # beta does not depend on the units of x
+    np.testing.assert_allclose(
+        dg.fit_generalized_gaussian(jnp.asarray((x - 0.3) * 1e4)).beta, fit.beta, rtol=1e-8
+    )
+
+
+def test_ggd_fit_edge_cases():
+    fit = dg.fit_generalized_gaussian(jnp.zeros(10))
+    assert np.isfinite(fit.beta) and float(fit.scale) == 0.0
+    uniform = jnp.linspace(-1.0, 1.0, 10_001)
+    assert float(dg.fit_generalized_gaussian(uniform).beta) > 20
+    fit = jax.jit(dg.fit_generalized_gaussian)(jnp.asarray([0.0, 1.0, -2.0, 0.5]))
+    assert np.isfinite(fit.beta)
+    with pytest.raises(ValueError, match="beta_range"):
+        dg.fit_generalized_gaussian(uniform, beta_range=(2.0, 1.0))
+    with pytest.raises(ValueError, match="at least 2"):
+        dg.fit_generalized_gaussian(jnp.ones(1))
+
+
+# ----------------------------------------------------------------------------- Hessian
+
+
+def _quadratic(eigenvalues, seed=7):
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.normal(size=(10, 10)))
+    a = q @ np.diag(eigenvalues) @ q.T
+    b = rng.normal(size=10)
+    params = {"m": jnp.asarray(rng.normal(size=(3, 2))), "v": jnp.asarray(rng.normal(size=4))}
+
+    a_j, b_j = jnp.asarray(a), jnp.asarray(b)
+
+    def loss(p):
+        flat = jnp.concatenate([p["m"].ravel(), p["v"]])
+        return 0.5 * flat @ a_j @ flat + b_j @ flat
+
+    return params, loss, a, b
+
+
+def test_hessian_top_eigenvalue_of_quadratic(x64):
+    spectrum = np.array([5.0, 3.0, 2.5, 1.0, 0.5, 0.1, -0.2, -1.0, 0.0, 0.3])
+    params, loss, a, _ = _quadratic(spectrum)
+    lanczos = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=10)
+    np.testing.assert_allclose(lanczos.eigenvalue, 5.0, rtol=1e-10)
+    vector = np.concatenate([np.ravel(lanczos.eigenvector["m"]), lanczos.eigenvector["v"]])
+    np.testing.assert_allclose(a @ vector, 5.0 * vector, atol=1e-8)
+    power = jax.jit(
+        lambda p: dg.hessian_top_eigenvalue(loss, p, key=jax.random.key(1), num_iters=200, method="power")
+    )(params)
+    np.testing.assert_allclose(power.eigenvalue, 5.0, rtol=1e-8)
+    # Lanczos converges fast: 6 products already give the top eigenvalue to 1e-3
+    short = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(2), num_iters=6)
+    assert 5.0 - 5e-3 < float(short.eigenvalue) <= 5.0 + 1e-9
+
+
+def test_hessian_negative_spectrum_and_breakdown(x64):
+    spectrum = -np.arange(1.0, 11.0)
+    params, loss, _, _ = _quadratic(spectrum)
+    lanczos = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=10)
+    np.testing.assert_allclose(lanczos.eigenvalue, -1.0, rtol=1e-8)  # largest algebraic
+    power = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=400, method="power")
+    np.testing.assert_allclose(power.eigenvalue, -10.0, rtol=1e-6)  # largest magnitude
+    # two distinct eigenvalues: the Krylov space is exhausted after 2 steps, 20 requested
+    params, loss, _, _ = _quadratic(np.array([4.0] * 5 + [-3.0] * 5))
+    result = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(3), num_iters=20)
+    np.testing.assert_allclose(result.eigenvalue, 4.0, rtol=1e-8)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(result.eigenvector))
+    with pytest.raises(ValueError, match="method"):
+        dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), method="arnoldi")
+
+
+# ----------------------------------------------------------------------------- predictiveness
+
+
+def test_gradient_predictiveness_on_quadratic(x64):
+    params, loss, a, b = _quadratic(np.linspace(0.1, 4.0, 10))
+    etas = np.array([0.01, 0.1, 0.5])
+    result = dg.gradient_predictiveness(loss, params, step_sizes=etas)
+    p = np.concatenate([np.ravel(params["m"]), params["v"]])
+    g = a @ p + b
+    ag = a @ g
+    expected_losses = [0.5 * (p - e * g) @ a @ (p - e * g) + b @ (p - e * g) for e in etas]
+    np.testing.assert_allclose(result.losses, expected_losses, rtol=1e-10)
+    np.testing.assert_allclose(result.gradient_changes, etas * np.linalg.norm(ag), rtol=1e-10)
+    np.testing.assert_allclose(
+        result.effective_smoothness, np.linalg.norm(ag) / np.linalg.norm(g), rtol=1e-10
+    )
+    np.testing.assert_allclose(result.gradient_norm, np.linalg.norm(g), rtol=1e-12)
+    np.testing.assert_allclose(result.loss_variation, np.ptp(expected_losses), rtol=1e-10)
+    with pytest.raises(ValueError, match="positive"):
+        dg.gradient_predictiveness(loss, params, step_sizes=[0.1, -0.1])
