@@ -1,0 +1,167 @@
+"""Data parallelism against the single-device global batch.
+
+* 8 simulated CPU devices (``--xla_force_host_platform_device_count=8``): the jit-sharded and the pmap
+  loops end 3 steps with the params and BN statistics of a one-device run on the same global batch
+  (to 1e-5); pmap without the BN ``axis_name`` (per-device statistics) does not, which shows the
+  comparison can fail.
+* Two local processes joined by ``jax.distributed.initialize`` (gloo collectives), two devices each:
+  both loops again match the one-device run.
+
+Each configuration runs in a subprocess, since the device count is fixed when jax starts.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+COMMON = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + sys.argv[1]
+    import jax
+    import numpy as np
+    from flax import traverse_util
+    from jaxnorm import models
+    from jaxnorm.train import ArraySource, DataParallel, initialize_distributed, train
+
+    out = sys.argv[2]
+    CONFIG = {"num_steps": 3, "progress": False, "weight_norms": False,
+              "optimizer": {"name": "momentum", "learning_rate": 0.5, "weight_decay": 1e-3}}
+    rng = np.random.default_rng(0)
+    X = rng.normal(1.0, 2.0, size=(192, 4, 4, 2)).astype(np.float32)
+    Y = rng.integers(0, 3, 192).astype(np.int32)
+
+    def run(mode, devices=None, axis_name="default"):
+        if axis_name == "default":
+            axis_name = "batch" if mode == "pmap" else None
+        model = models.create("mlp", num_classes=3, norm="bn", depth=2, width=16,
+                              axis_name=axis_name)
+        source = ArraySource({"image": X, "label": Y}, 64, seed=0)
+        evals = ArraySource({"image": X[:50], "label": Y[:50]}, 16, shuffle=False,
+                            drop_remainder=False)
+        result = train(CONFIG, model=model, train_data=source, eval_data=evals,
+                       parallel=DataParallel(mode, devices))
+        return result
+
+    def save(name, result):
+        if jax.process_index() == 0:
+            flat = traverse_util.flatten_dict(result.state.variables, sep="/")
+            flat["eval_accuracy"] = np.asarray(result.summary["eval_accuracy"])
+            np.savez(os.path.join(out, name + ".npz"), **{k: np.asarray(v) for k, v in flat.items()})
+    """
+)
+
+SINGLE_HOST = COMMON + textwrap.dedent(
+    """
+    assert jax.device_count() == 8
+    save("single", run("jit", jax.devices()[:1]))
+    save("jit", run("jit"))
+    save("pmap", run("pmap"))
+    save("pmap_local_bn", run("pmap", axis_name=None))
+    try:
+        DataParallel("jit").check_batch_size(36)
+    except ValueError as e:
+        print("BATCH ERROR:", e)
+    """
+)
+
+MULTI_HOST = COMMON + textwrap.dedent(
+    """
+    initialize_distributed(f"localhost:{sys.argv[4]}", 2, int(sys.argv[3]))
+    assert jax.process_count() == 2 and jax.device_count() == 4
+    save("dist_jit", run("jit"))
+    save("dist_pmap", run("pmap"))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _load(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a if k != "eval_accuracy")
+
+
+@pytest.fixture(scope="module")
+def single_host(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single_host")
+    script = out / "run.py"
+    script.write_text(SINGLE_HOST)
+    proc = subprocess.run(
+        [sys.executable, str(script), "8", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["jit", "pmap"])
+def test_eight_devices_match_one_device_on_the_global_batch(single_host, mode):
+    out, _ = single_host
+    reference, parallel = _load(out / "single.npz"), _load(out / f"{mode}.npz")
+    assert _max_diff(reference, parallel) < 1e-5
+    assert any(k.startswith("batch_stats/") for k in reference)  # BN statistics compared too
+    assert float(parallel["eval_accuracy"]) == pytest.approx(float(reference["eval_accuracy"]))
+
+
+def test_pmap_without_cross_device_bn_differs(single_host):
+    out, _ = single_host
+    assert _max_diff(_load(out / "single.npz"), _load(out / "pmap_local_bn.npz")) > 1e-3
+
+
+def test_batch_not_divisible_by_devices_is_reported(single_host):
+    _, stdout = single_host
+    assert "BATCH ERROR: batch_size=36 must be divisible by the number of devices (8)" in stdout
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_device(single_host, tmp_path):
+    out, _ = single_host
+    script = tmp_path / "run.py"
+    script.write_text(MULTI_HOST)
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), "2", str(tmp_path), str(pid), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for pid in (0, 1)
+    ]
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    reference = _load(out / "single.npz")
+    for mode in ("jit", "pmap"):
+        assert _max_diff(reference, _load(tmp_path / f"dist_{mode}.npz")) < 1e-5
