@@ -1,5 +1,10 @@
 """optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
 
+from jaxnorm.optim.mimicry import NormRecordState as NormRecordState
+from jaxnorm.optim.mimicry import WDMimicryState as WDMimicryState
+from jaxnorm.optim.mimicry import record_norms as record_norms
+from jaxnorm.optim.mimicry import reference_schedule as reference_schedule
+from jaxnorm.optim.mimicry import wd_mimicry as wd_mimicry
 from jaxnorm.optim.projection import BWNProjectionState as BWNProjectionState
 from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
 from jaxnorm.optim.projection import bwn_projection as bwn_projection

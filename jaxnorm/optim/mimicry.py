@@ -1,0 +1,244 @@
+"""Weight-decay mimicry (Hoffer et al., *Norm matters*, Sec. 2): train without WD at the WD run's
+effective learning rate, from per-unit norms recorded in a reference run with WD.
+
+For a unit followed by batch norm the direction moves by ``eta / ||w||**2`` per SGD step, so weight
+decay acts on such units only through their norm (Hoffer et al., Sec. 2; Liu et al., Cor. 3.2).
+Scaling each unit's update by ``||w_j(t)||**2 / ||w_ref,j(t)||**2``, with ``w_ref`` the reference
+run's weights at the same step, gives the unit the reference's effective step
+``eta / ||w_ref,j(t)||**2``: with SGD the directions then follow the reference run up to a relative
+step difference of ``eta * lambda`` per step (WD shrinks the radial part by ``1 - eta * lambda``
+while mimicry leaves it alone).
+
+* :func:`record_norms` is an identity transformation whose state collects ``||w_j(t)||`` every
+  ``every`` steps (jit-able, fixed-size buffer); put it in the reference run's chain.
+* :func:`wd_mimicry` scales the updates of a run without WD by the ratio above; place it after the
+  optimizer (``optax.chain(optax.sgd(lr), wd_mimicry(ref))``).
+* :func:`reference_schedule` turns the recording into a schedule for
+  :func:`jaxnorm.optim.norm_schedule`, which reproduces the reference norms exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxnorm.functional.weight import unit_norm
+from jaxnorm.optim.rescaling import MaskOrFn, check_params, resolve_mask
+from jaxnorm.optim.state import register_state_rule
+
+__all__ = [
+    "NormRecordState",
+    "WDMimicryState",
+    "record_norms",
+    "reference_schedule",
+    "wd_mimicry",
+]
+
+PyTree = Any
+
+
+class NormRecordState(NamedTuple):
+    """State of :func:`record_norms`.
+
+    Attributes:
+      count: updates seen so far.
+      norms: per selected kernel a ``(num_records, out)`` float32 buffer, row ``i`` holding the unit
+        norms of the params passed to update ``i * every`` (before that update); ``None`` elsewhere.
+        Rows not reached yet are zero.
+    """
+
+    count: jnp.ndarray
+    norms: PyTree
+
+
+class WDMimicryState(NamedTuple):
+    """State of :func:`wd_mimicry`: ``count``, the updates applied so far."""
+
+    count: jnp.ndarray
+
+
+# Recorded norms are data, not gradient statistics: a parameter rescaling leaves them alone.
+register_state_rule(NormRecordState)
+
+
+def _check_every(every: Any, fn_name: str) -> None:
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"{fn_name}: every must be a positive int, got {every!r}")
+
+
+def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> optax.GradientTransformation:
+    """Identity on the updates; records ``||w_j||`` of every selected unit in its state.
+
+    Update ``t`` (``t = 0, 1, ...``) with ``t % every == 0`` stores the norms of the params it
+    receives (the weights before that update, ``w(t)``) in row ``t // every``; updates past
+    ``num_steps`` are not recorded. After training, ``state.norms`` (find it with
+    ``optax.tree_utils.tree_get(opt_state, "norms")`` or by position in the chain) is the reference
+    for :func:`wd_mimicry` and :func:`reference_schedule`.
+
+    Args:
+      num_steps: the number of updates of the reference run (buffer length ``ceil(num_steps / every)``).
+      every: record every ``every``-th update.
+      mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
+    """
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise ValueError(f"record_norms: num_steps must be a positive int, got {num_steps!r}")
+    _check_every(every, "record_norms")
+    rows = -(-num_steps // every)
+
+    def init_fn(params):
+        flags = resolve_mask(mask, params, "record_norms")
+        norms = jax.tree.map(
+            lambda flag, p: jnp.zeros((rows, p.shape[-1]), jnp.float32) if flag else None, flags, params
+        )
+        return NormRecordState(count=jnp.zeros([], jnp.int32), norms=norms)
+
+    def update_fn(updates, state, params=None):
+        check_params(params, "record_norms")
+        flags = resolve_mask(mask, params, "record_norms")
+        row = state.count // every
+        record = (state.count % every == 0) & (row < rows)
+
+        def leaf(flag, buffer, p):
+            if not flag:
+                return buffer
+            return jax.lax.cond(
+                record,
+                lambda b: b.at[row].set(unit_norm(p).astype(jnp.float32)),
+                lambda b: b,
+                buffer,
+            )
+
+        norms = jax.tree.map(leaf, flags, state.norms, params, is_leaf=lambda x: x is None)
+        return updates, NormRecordState(count=optax.safe_increment(state.count), norms=norms)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _reference_row(reference: PyTree, index: jax.Array) -> PyTree:
+    return jax.tree.map(
+        lambda r: r[jnp.clip(index, 0, r.shape[0] - 1)],
+        reference,
+        is_leaf=lambda x: x is None,
+    )
+
+
+def _flatten_reference(reference: PyTree, params: PyTree, fn_name: str) -> list:
+    treedef = jax.tree.structure(params)
+    try:
+        return treedef.flatten_up_to(reference)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{fn_name}: reference norms must have the params structure {treedef} (a (T, out) array per "
+            f"selected kernel, None elsewhere), got {jax.tree.structure(reference)}"
+        ) from err
+
+
+def _check_reference(reference: PyTree, params: PyTree, flags: PyTree, fn_name: str) -> list:
+    flat = _flatten_reference(reference, params, fn_name)
+    treedef = jax.tree.structure(params)
+    for ref, flag, p in zip(flat, treedef.flatten_up_to(flags), treedef.flatten_up_to(params), strict=True):
+        if flag and (ref is None or jnp.ndim(ref) != 2 or jnp.shape(ref)[1] != jnp.shape(p)[-1]):
+            raise ValueError(
+                f"{fn_name}: reference norms for a kernel of shape {jnp.shape(p)} must have shape "
+                f"(T, {jnp.shape(p)[-1]}), got {None if ref is None else jnp.shape(ref)}"
+            )
+    return flat
+
+
+def _reference_mask(reference: PyTree, mask: MaskOrFn, fn_name: str) -> MaskOrFn:
+    """Default mask of the mimicry transforms: the leaves that have reference norms."""
+    if mask is not None:
+        return mask
+
+    def select(params):
+        flat = _flatten_reference(reference, params, fn_name)
+        return jax.tree.structure(params).unflatten([r is not None for r in flat])
+
+    return select
+
+
+def wd_mimicry(
+    reference_norms: PyTree,
+    *,
+    every: int = 1,
+    mask: MaskOrFn = None,
+    step_decay: float | Callable[[jax.Array], jax.Array] = 0.0,
+) -> optax.GradientTransformation:
+    """Scale each unit's update by ``||w_j(t)||**2 / ((1 - d_t) ||w_ref,j(t)||**2)`` (Norm matters,
+    Sec. 2), ``d_t = step_decay``.
+
+    Update ``t`` uses row ``min(t // every, T - 1)`` of the reference. Units whose reference norm is 0
+    keep their update. Meant for a run without weight decay on scale-invariant units; place it after
+    the optimizer in ``optax.chain``.
+
+    With ``step_decay = 0`` (the paper's rule) the unit moves by the reference's first-order
+    effective step ``eta / ||w_ref||**2``. An SGD step with weight decay, ``w - eta (g + lambda w)``,
+    shrinks ``w`` by ``1 - eta lambda`` before adding ``-eta g``, so its direction moves by
+    ``eta / ((1 - eta lambda) ||w||**2)``; passing ``step_decay = eta * lambda`` of the reference run
+    (a number or a schedule of the count) makes plain SGD follow the reference's directions exactly
+    (with ``every = 1``).
+
+    Args:
+      reference_norms: ``NormRecordState.norms`` of a reference run with WD (a ``(T, out)`` array
+        per kernel, ``None`` elsewhere), e.g. from :func:`record_norms`.
+      every: the recording interval used for the reference.
+      mask: bool tree or callable as in ``optax.masked``; default: every leaf with reference norms.
+      step_decay: ``eta * lambda`` of the reference run's steps (``0 <= step_decay < 1``), see above.
+
+    References:
+      Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 2 and Supp. Sec. 1;
+      Liu et al., Sec. 4.1 (the "scale lr" experiment).
+    """
+    _check_every(every, "wd_mimicry")
+    if not callable(step_decay) and not 0.0 <= float(step_decay) < 1.0:
+        raise ValueError(f"wd_mimicry: step_decay (eta * lambda) must be in [0, 1), got {step_decay!r}")
+    select = _reference_mask(reference_norms, mask, "wd_mimicry")
+
+    def init_fn(params):
+        _check_reference(reference_norms, params, resolve_mask(select, params, "wd_mimicry"), "wd_mimicry")
+        return WDMimicryState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        check_params(params, "wd_mimicry")
+        flags = resolve_mask(select, params, "wd_mimicry")
+        flat_ref = _check_reference(reference_norms, params, flags, "wd_mimicry")
+        treedef = jax.tree.structure(params)
+        index = state.count // every
+        decay = step_decay(state.count) if callable(step_decay) else step_decay
+        new_updates = []
+        for flag, p, u, ref in zip(
+            treedef.flatten_up_to(flags),
+            treedef.flatten_up_to(params),
+            treedef.flatten_up_to(updates),
+            flat_ref,
+            strict=True,
+        ):
+            if flag:
+                target = jnp.asarray(ref)[jnp.clip(index, 0, jnp.shape(ref)[0] - 1)]
+                ratio = jnp.square(unit_norm(p)) / jnp.square(jnp.where(target > 0, target, 1.0))
+                ratio = ratio / (1.0 - decay)
+                u = (u * jnp.where(target > 0, ratio, 1.0)).astype(u.dtype)
+            new_updates.append(u)
+        return treedef.unflatten(new_updates), WDMimicryState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def reference_schedule(reference_norms: PyTree, *, every: int = 1) -> Callable[[jax.Array], PyTree]:
+    """A schedule for :func:`jaxnorm.optim.norm_schedule` that reproduces recorded norms.
+
+    ``norm_schedule`` calls it with the count ``t`` before update ``t`` and projects the params that
+    update produces, ``w(t + 1)``; so it returns row ``min((t + 1) // every, T - 1)``: the
+    reference's norms after the same number of steps. Use it with ``mask`` selecting the recorded
+    kernels (leaves without a reference are ``None``).
+    """
+    _check_every(every, "reference_schedule")
+
+    def schedule(count):
+        return _reference_row(reference_norms, (count + 1) // every)
+
+    return schedule

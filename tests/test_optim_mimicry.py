@@ -1,0 +1,158 @@
+"""Tests of weight-decay mimicry: recording, the update rule, and reproduction of a WD reference run."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnorm.optim.mimicry import record_norms, reference_schedule, wd_mimicry
+from jaxnorm.optim.projection import norm_schedule
+
+
+@pytest.fixture
+def x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+def _np_unit_norm(w):
+    w = np.asarray(w, np.float64)
+    return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))
+
+
+class _ScaleInvariantNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for i, width in enumerate((16, 8, 3)):
+            x = nn.Dense(width, use_bias=False, param_dtype=jnp.float64)(x)
+            x = nn.BatchNorm(use_running_average=False, use_scale=False, use_bias=False, epsilon=1e-14)(x)
+            if i < 2:
+                x = nn.relu(x)
+        return x
+
+
+STEPS = 30
+
+
+def _run(tx):
+    model = _ScaleInvariantNet()
+    x = jax.random.normal(jax.random.key(0), (64, 10), jnp.float64)
+    y = jax.random.randint(jax.random.key(1), (64,), 0, 3)
+    params = model.init(jax.random.key(2), x)["params"]
+
+    def outputs(p):
+        return model.apply({"params": p}, x, mutable=["batch_stats"])[0]
+
+    def loss(p):
+        return optax.softmax_cross_entropy_with_integer_labels(outputs(p), y).mean()
+
+    @jax.jit
+    def step(p, s):
+        updates, s = tx.update(jax.grad(loss)(p), s, p)
+        p = optax.apply_updates(p, updates)
+        return p, s, outputs(p)
+
+    state, trajectory, params_history = tx.init(params), [], [params]
+    for _ in range(STEPS):
+        params, state, out = step(params, state)
+        trajectory.append(np.asarray(out))
+        params_history.append(params)
+    return state, np.stack(trajectory), params_history
+
+
+def test_record_norms_matches_trajectory(x64):
+    state, _, history = _run(optax.chain(record_norms(STEPS), optax.sgd(0.5)))
+    recorded = state[0].norms
+    for t in range(STEPS):
+        for name in ("Dense_0", "Dense_1", "Dense_2"):
+            np.testing.assert_allclose(
+                recorded[name]["kernel"][t], _np_unit_norm(history[t][name]["kernel"]), rtol=1e-6
+            )
+    state, _, _ = _run(optax.chain(record_norms(STEPS, every=7), optax.sgd(0.5)))
+    sparse = state[0].norms["Dense_1"]["kernel"]
+    assert sparse.shape == (5, 8)
+    np.testing.assert_allclose(sparse, recorded["Dense_1"]["kernel"][::7], rtol=1e-7)
+    assert optax.tree_utils.tree_get(state, "norms") is not None
+
+
+def test_wd_mimicry_update_rule(x64):
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(4, 3))), "b": jnp.zeros(3)}
+    reference = {"w": jnp.asarray(rng.uniform(0.5, 2.0, size=(3, 3))), "b": None}
+    tx = wd_mimicry(reference)
+    state = tx.init(params)
+    for t in range(4):  # the last step reuses the last reference row
+        updates = {"w": jnp.asarray(rng.normal(size=(4, 3))), "b": jnp.ones(3)}
+        new, state = jax.jit(tx.update)(updates, state, params)
+        ratio = _np_unit_norm(params["w"]) ** 2 / np.asarray(reference["w"][min(t, 2)]) ** 2
+        np.testing.assert_allclose(new["w"], np.asarray(updates["w"]) * ratio, rtol=1e-12)
+        np.testing.assert_array_equal(new["b"], updates["b"])
+
+
+def test_mimicry_follows_the_weight_decay_run(x64):
+    """Norm matters, Sec. 2: without WD but at the WD run's effective step, the function follows the
+    WD run; plain SGD without WD does not."""
+    eta, wd = 0.05, 0.2
+    ref_state, ref_out, ref_hist = _run(
+        optax.chain(record_norms(STEPS), optax.add_decayed_weights(wd), optax.sgd(eta))
+    )
+    reference = ref_state[0].norms
+    _, plain_out, _ = _run(optax.sgd(eta))
+    plain_error = np.max(np.abs(plain_out - ref_out))
+    assert plain_error > 0.5  # WD matters in this run
+
+    # the paper's first-order rule: close
+    _, mimic_out, mimic_hist = _run(optax.chain(optax.sgd(eta), wd_mimicry(reference)))
+    assert np.max(np.abs(mimic_out - ref_out)) < 0.25 * plain_error
+    # ... with the (1 - eta lambda) shrink of the WD step accounted for: the same trajectory
+    _, exact_out, exact_hist = _run(optax.chain(optax.sgd(eta), wd_mimicry(reference, step_decay=eta * wd)))
+    np.testing.assert_allclose(exact_out, ref_out, atol=1e-6)
+    for t in (1, STEPS // 2, STEPS):
+        for name in ("Dense_0", "Dense_1", "Dense_2"):
+            w_ref, w = ref_hist[t][name]["kernel"], exact_hist[t][name]["kernel"]
+            np.testing.assert_allclose(w / _np_unit_norm(w), w_ref / _np_unit_norm(w_ref), atol=1e-6)
+    # without WD the norms are not the reference norms: only the step is mimicked
+    ref_norm = _np_unit_norm(ref_hist[-1]["Dense_0"]["kernel"])
+    assert np.all(_np_unit_norm(mimic_hist[-1]["Dense_0"]["kernel"]) > 1.2 * ref_norm)
+
+    # as a norm schedule it reproduces the reference norms themselves, and follows the function
+    mask = {name: {"kernel": True} for name in ("Dense_0", "Dense_1", "Dense_2")}
+    _, sched_out, sched_hist = _run(
+        optax.chain(optax.sgd(eta), norm_schedule(reference_schedule(reference), mask=mask))
+    )
+    for t in range(1, STEPS):  # the recording holds w(0) ... w(STEPS - 1)
+        for name in mask:
+            np.testing.assert_allclose(
+                _np_unit_norm(sched_hist[t][name]["kernel"]),
+                _np_unit_norm(ref_hist[t][name]["kernel"]),
+                rtol=1e-6,
+            )
+    assert np.max(np.abs(sched_out - ref_out)) < 0.25 * plain_error
+
+
+def test_errors():
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+    with pytest.raises(ValueError, match="num_steps"):
+        record_norms(0)
+    with pytest.raises(ValueError, match="every"):
+        record_norms(10, every=0)
+    with pytest.raises(ValueError, match="every"):
+        wd_mimicry({"w": jnp.ones((2, 3)), "b": None}, every=-1)
+    with pytest.raises(ValueError, match=r"shape \(T, 3\)"):
+        wd_mimicry({"w": jnp.ones((2, 4)), "b": None}).init(params)
+    with pytest.raises(ValueError, match="step_decay"):
+        wd_mimicry({"w": jnp.ones((2, 3)), "b": None}, step_decay=1.0)
+    with pytest.raises(ValueError, match="params structure"):
+        wd_mimicry({"w": jnp.ones((2, 3))}).init(params)
+    tx = wd_mimicry({"w": jnp.ones((2, 3)), "b": None})
+    with pytest.raises(ValueError, match="params"):
+        tx.update(params, tx.init(params))
+    tx = record_norms(3)
+    with pytest.raises(ValueError, match="params"):
+        tx.update(params, tx.init(params))
