@@ -37,7 +37,7 @@ def test_batch_stats_matches_oracle(x64, p, shape, axis):
 @pytest.mark.parametrize("k", [1, 3, 10])
 def test_topk_matches_oracle(x64, k):
     x = _normal((40, 3, 5), seed=1)
-    mean, sigma = F.batch_stats(jnp.asarray(x), p="inf", topk=k)
+    _, sigma = F.batch_stats(jnp.asarray(x), p="inf", topk=k)
     _, want_var = oracles.batch_moments(x, "inf", -1, topk=k)
     np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=1e-12)
 
@@ -71,14 +71,18 @@ def test_masked_topk_with_fewer_elements_than_k(x64):
 @pytest.mark.parametrize("p", P_VALUES)
 def test_batch_norm_matches_oracle(x64, p):
     x = _normal((16, 4, 4, 8), seed=6, loc=-1.0, scale=0.5)
-    np.testing.assert_allclose(F.batch_norm(jnp.asarray(x), p=p), oracles.batch_norm(x, p), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        F.batch_norm(jnp.asarray(x), p=p), oracles.batch_norm(x, p), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_layer_group_instance_norm_match_oracles(x64, p):
     x = _normal((3, 5, 5, 8), seed=7, loc=4.0, scale=2.0)
     xj = jnp.asarray(x)
-    np.testing.assert_allclose(F.layer_norm(xj, p=p, axis=(1, 2, 3)), oracles.layer_norm(x, p), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        F.layer_norm(xj, p=p, axis=(1, 2, 3)), oracles.layer_norm(x, p), rtol=1e-10, atol=1e-12
+    )
     np.testing.assert_allclose(F.group_norm(xj, 4, p=p), oracles.group_norm(x, 4, p), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(F.instance_norm(xj, p=p), oracles.instance_norm(x, p), rtol=1e-10, atol=1e-12)
 
@@ -98,27 +102,37 @@ def test_ghost_batch_norm_is_batch_norm_per_sub_batch(x64):
     x = _normal((12, 3, 5), seed=10)
     y = F.batch_norm(jnp.asarray(x), p=1, virtual_batch_size=4)
     for g in range(3):
-        np.testing.assert_allclose(y[4 * g : 4 * g + 4], oracles.batch_norm(x[4 * g : 4 * g + 4], 1), rtol=1e-10)
+        np.testing.assert_allclose(
+            y[4 * g : 4 * g + 4], oracles.batch_norm(x[4 * g : 4 * g + 4], 1), rtol=1e-10
+        )
 
 
 def test_mean_only_batch_norm(x64):
     x = _normal((10, 3), seed=11, loc=5.0)
-    np.testing.assert_allclose(F.batch_norm(jnp.asarray(x), mean_only=True), x - x.mean(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        F.batch_norm(jnp.asarray(x), mean_only=True), x - x.mean(0), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_weight_functions_match_oracles(x64):
     v = _normal((3, 3, 4, 6), seed=12)
     g = _normal((6,), seed=13)
     np.testing.assert_allclose(F.unit_norm(jnp.asarray(v)), oracles.unit_norms(v), rtol=1e-12)
-    np.testing.assert_allclose(F.weight_norm(jnp.asarray(v), jnp.asarray(g)), oracles.weight_norm(v, g), rtol=1e-10)
+    np.testing.assert_allclose(
+        F.weight_norm(jnp.asarray(v), jnp.asarray(g)), oracles.weight_norm(v, g), rtol=1e-10
+    )
     fan_in, fan_out = oracles.fans(v.shape)
     np.testing.assert_allclose(
         F.scaled_weight_norm(jnp.asarray(v), jnp.asarray(g), gain=2.0),
-        oracles.weight_norm(v, g * math.sqrt(2.0 * fan_in / fan_out)), rtol=1e-10,
+        oracles.weight_norm(v, g * math.sqrt(2.0 * fan_in / fan_out)),
+        rtol=1e-10,
     )
-    np.testing.assert_allclose(F.bounded_weight_norm(jnp.asarray(v), 3.0), oracles.weight_norm(v, 3.0), rtol=1e-10)
     np.testing.assert_allclose(
-        F.weight_standardization(jnp.asarray(v), gain=jnp.asarray(g)), oracles.weight_standardization(v, g),
+        F.bounded_weight_norm(jnp.asarray(v), 3.0), oracles.weight_norm(v, 3.0), rtol=1e-10
+    )
+    np.testing.assert_allclose(
+        F.weight_standardization(jnp.asarray(v), gain=jnp.asarray(g)),
+        oracles.weight_standardization(v, g),
         rtol=1e-10,
     )
     assert F.fans((10, 20)) == (10, 20) and F.fans((3, 3, 4, 6)) == (36, 54)
@@ -135,7 +149,9 @@ def test_normprop_relu_normalizes_a_standard_normal():
 
 
 def test_paper_linf_constant():
-    assert F.linf_constant(100) == pytest.approx((1 + math.sqrt(math.pi * math.log(4))) / (2 * math.sqrt(2 * math.log(100))))
+    assert F.linf_constant(100) == pytest.approx(
+        (1 + math.sqrt(math.pi * math.log(4))) / (2 * math.sqrt(2 * math.log(100)))
+    )
     assert F.L1_CONSTANT == pytest.approx(1.2533141373155)
 
 
@@ -258,10 +274,15 @@ def test_batch_norm_invariant_to_weight_scale_and_shift(scales, shift, p, seed):
 def test_layer_and_group_norm_invariant_to_input_scale(scale, p, seed):
     with oracles.float64():
         x = jnp.asarray(_normal((3, 4, 8), seed=seed))
-        np.testing.assert_allclose(F.layer_norm(scale * x, p=p, epsilon=0.0), F.layer_norm(x, p=p, epsilon=0.0),
-                                   rtol=1e-8, atol=1e-8)
-        np.testing.assert_allclose(F.group_norm(scale * x, 2, p=p, epsilon=0.0), F.group_norm(x, 2, p=p, epsilon=0.0),
-                                   rtol=1e-8, atol=1e-8)
+        np.testing.assert_allclose(
+            F.layer_norm(scale * x, p=p, epsilon=0.0), F.layer_norm(x, p=p, epsilon=0.0), rtol=1e-8, atol=1e-8
+        )
+        np.testing.assert_allclose(
+            F.group_norm(scale * x, 2, p=p, epsilon=0.0),
+            F.group_norm(x, 2, p=p, epsilon=0.0),
+            rtol=1e-8,
+            atol=1e-8,
+        )
 
 
 @given(rho=st.floats(0.1, 10.0), seed=st.integers(0, 2**16))
@@ -312,4 +333,6 @@ def test_p_accepts_float_inf_and_string():
 def test_functions_jit():
     x = jnp.asarray(_normal((16, 8), seed=22, dtype=np.float32))
     for p in P_VALUES:
-        np.testing.assert_allclose(jax.jit(lambda x, p=p: F.batch_norm(x, p=p))(x), F.batch_norm(x, p=p), rtol=1e-6)
+        np.testing.assert_allclose(
+            jax.jit(lambda x, p=p: F.batch_norm(x, p=p))(x), F.batch_norm(x, p=p), rtol=1e-6
+        )

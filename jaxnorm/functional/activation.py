@@ -108,10 +108,18 @@ def batch_norm(
     Sec. 2.2), the companion of bounded weight norm. Gradients flow through ``mu_B`` and ``sigma_hat_B``.
     """
     mean, var = batch_moments(
-        x, p=p, axis=axis, topk=topk, mask=mask, axis_name=axis_name,
-        axis_index_groups=axis_index_groups, calibration=calibration,
-        virtual_batch_size=virtual_batch_size, use_fast_variance=use_fast_variance,
-        mean_only=mean_only, keepdims=True,
+        x,
+        p=p,
+        axis=axis,
+        topk=topk,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        calibration=calibration,
+        virtual_batch_size=virtual_batch_size,
+        use_fast_variance=use_fast_variance,
+        mean_only=mean_only,
+        keepdims=True,
     )
     if virtual_batch_size is None:
         return normalize(x, mean, var, epsilon=epsilon)
@@ -132,8 +140,14 @@ def _per_example_norm(
     axis_index_groups: AxisIndexGroups = None,
 ) -> jnp.ndarray:
     mean, var = dispersion_moments(
-        x, axes, p=canonical_p(p), mask=check_mask(mask, x), one_pass=use_fast_variance,
-        groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups,
+        x,
+        axes,
+        p=canonical_p(p),
+        mask=check_mask(mask, x),
+        one_pass=use_fast_variance,
+        groups=groups,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
     )
     return normalize(x, mean, var, epsilon=epsilon)
 
@@ -158,8 +172,14 @@ def layer_norm(
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
     return _per_example_norm(
-        x, axes, p=p, epsilon=epsilon, mask=mask, use_fast_variance=use_fast_variance,
-        axis_name=axis_name, axis_index_groups=axis_index_groups,
+        x,
+        axes,
+        p=p,
+        epsilon=epsilon,
+        mask=mask,
+        use_fast_variance=use_fast_variance,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
     )
 
 
@@ -189,7 +209,12 @@ def group_norm(
         raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
     spatial = tuple(range(1, x.ndim - 1))
     return _per_example_norm(
-        x, spatial, p=p, epsilon=epsilon, mask=mask, use_fast_variance=use_fast_variance,
+        x,
+        spatial,
+        p=p,
+        epsilon=epsilon,
+        mask=mask,
+        use_fast_variance=use_fast_variance,
         groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=num_groups),
     )
 
@@ -210,7 +235,11 @@ def instance_norm(
     if x.ndim < 3:
         raise ValueError(f"instance_norm needs (batch, *spatial, channels) input, got shape {x.shape}")
     return _per_example_norm(
-        x, tuple(range(1, x.ndim - 1)), p=p, epsilon=epsilon, mask=mask,
+        x,
+        tuple(range(1, x.ndim - 1)),
+        p=p,
+        epsilon=epsilon,
+        mask=mask,
         use_fast_variance=use_fast_variance,
     )
 

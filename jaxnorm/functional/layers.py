@@ -103,15 +103,24 @@ def batch_norm_layer(
     scale, bias = _expand(scale, shape), _expand(bias, shape)
     if use_running_average:
         var = None if mean_only else running_var.reshape(shape)
-        y = normalize(x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon,
-                      dtype=out_dtype)
+        y = normalize(
+            x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype
+        )
         return BatchNormOutput(y, running_mean, running_var)
 
     mean, var = batch_moments(
-        x, p=p, axis=feature_axes, topk=topk, mask=mask, axis_name=axis_name,
-        axis_index_groups=axis_index_groups, calibration=calibration,
-        virtual_batch_size=virtual_batch_size, use_fast_variance=use_fast_variance,
-        mean_only=mean_only, keepdims=True,
+        x,
+        p=p,
+        axis=feature_axes,
+        topk=topk,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        calibration=calibration,
+        virtual_batch_size=virtual_batch_size,
+        use_fast_variance=use_fast_variance,
+        mean_only=mean_only,
+        keepdims=True,
     )
     if virtual_batch_size is None:
         y = normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
@@ -155,11 +164,23 @@ def layer_norm_layer(
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     mean, var = dispersion_moments(
-        x, axes, p=canonical_p(p), mask=check_mask(mask, x), axis_name=axis_name,
-        axis_index_groups=axis_index_groups, one_pass=use_fast_variance,
+        x,
+        axes,
+        p=canonical_p(p),
+        mask=check_mask(mask, x),
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        one_pass=use_fast_variance,
     )
-    return normalize(x, mean, var, scale=_expand(scale, shape), bias=_expand(bias, shape), epsilon=epsilon,
-                     dtype=_output_dtype(dtype, x, scale, bias))
+    return normalize(
+        x,
+        mean,
+        var,
+        scale=_expand(scale, shape),
+        bias=_expand(bias, shape),
+        epsilon=epsilon,
+        dtype=_output_dtype(dtype, x, scale, bias),
+    )
 
 
 def num_groups_of(channels: int, num_groups: int | None, group_size: int | None) -> int:
@@ -209,12 +230,24 @@ def group_norm_layer(
         axes = axes[:-1]
     shape = _feature_shape(x, (x.ndim - 1,))
     mean, var = dispersion_moments(
-        x, axes, p=canonical_p(p), mask=check_mask(mask, x), axis_name=axis_name,
-        axis_index_groups=axis_index_groups, one_pass=use_fast_variance,
+        x,
+        axes,
+        p=canonical_p(p),
+        mask=check_mask(mask, x),
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        one_pass=use_fast_variance,
         groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=groups),
     )
-    return normalize(x, mean, var, scale=_expand(scale, shape), bias=_expand(bias, shape), epsilon=epsilon,
-                     dtype=_output_dtype(dtype, x, scale, bias))
+    return normalize(
+        x,
+        mean,
+        var,
+        scale=_expand(scale, shape),
+        bias=_expand(bias, shape),
+        epsilon=epsilon,
+        dtype=_output_dtype(dtype, x, scale, bias),
+    )
 
 
 def rms_norm_layer(
@@ -232,6 +265,12 @@ def rms_norm_layer(
     """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     out_dtype = _output_dtype(dtype, x, scale)
-    y = rms_norm(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=reduction_axes, epsilon=epsilon,
-                 axis_name=axis_name, axis_index_groups=axis_index_groups, mask=mask)
+    y = rms_norm(
+        x.astype(jnp.promote_types(x.dtype, jnp.float32)),
+        axis=reduction_axes,
+        epsilon=epsilon,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        mask=mask,
+    )
     return normalize(y, jnp.zeros((), y.dtype), None, scale=_expand(scale, shape), dtype=out_dtype)

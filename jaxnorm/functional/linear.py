@@ -75,9 +75,14 @@ def apply_linear(
         spatial = "".join("HWDUVXYZ"[:rank])
         dimension_numbers = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
         y = lax.conv_general_dilated(
-            x, kernel, window_strides=_as_tuple(strides, rank), padding=canonical_padding(padding, rank),
-            lhs_dilation=_as_tuple(input_dilation, rank), rhs_dilation=_as_tuple(kernel_dilation, rank),
-            dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
+            x,
+            kernel,
+            window_strides=_as_tuple(strides, rank),
+            padding=canonical_padding(padding, rank),
+            lhs_dilation=_as_tuple(input_dilation, rank),
+            rhs_dilation=_as_tuple(kernel_dilation, rank),
+            dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count,
         )
     if bias is not None:
         y = y + bias.astype(dtype)

@@ -88,9 +88,10 @@ def expected_topk_abs_normal(n: jnp.ndarray | int, k: int = 1) -> jnp.ndarray:
     = \int_0^\infty \sum_{m=1}^k I_{q(x)}(m, n - m + 1) dx`` (``I`` the regularized incomplete beta).
     The integral is taken by 256-node Gauss–Legendre quadrature on ``[0, sqrt(2 (ln n + 30))]``, beyond
     which the integrand is below 1e-13: relative error ~1e-12 in float64, ~1e-4 in float32 (limited by
-    float32 ``betainc``; negligible next to the sampling noise of a batch statistic). For ``k = 1`` this is ``E max_i |Z_i|``, whose inverse is the exactly
-    calibrated L∞ constant (``calibration="exact"``); deviations are taken from the batch mean, which
-    makes ``sigma_hat`` estimate the biased std, the same quantity that L2 batch norm uses.
+    float32 ``betainc``; negligible next to the sampling noise of a batch statistic). For ``k = 1``
+    this is ``E max_i |Z_i|``, whose inverse is the exactly calibrated L∞ constant
+    (``calibration="exact"``); deviations are taken from the batch mean, which makes ``sigma_hat``
+    estimate the biased std, the same quantity that L2 batch norm uses.
     """
     n = jnp.maximum(_as_float(n), float(k))
     nodes, weights = (jnp.asarray(a, n.dtype) for a in _gauss_legendre(_QUADRATURE_NODES))
@@ -207,13 +208,13 @@ class ChannelGroups(NamedTuple):
 def _split_groups(stat: jnp.ndarray, groups: ChannelGroups, shape: tuple[int, ...]) -> jnp.ndarray:
     """``(..., C, ...)`` -> ``(..., G, C // G, ...)`` at the channel axis, broadcasting ``stat`` first."""
     c = groups.channel_axis
-    return jnp.broadcast_to(stat, shape).reshape((*shape[:c], groups.num_groups, -1, *shape[c + 1:]))
+    return jnp.broadcast_to(stat, shape).reshape((*shape[:c], groups.num_groups, -1, *shape[c + 1 :]))
 
 
 def _merge_groups(grouped: jnp.ndarray, groups: ChannelGroups, shape: tuple[int, ...]) -> jnp.ndarray:
     """Broadcast a per-group statistic back to every channel of its group."""
     c = groups.channel_axis
-    full = (*shape[:c], groups.num_groups, shape[c] // groups.num_groups, *shape[c + 1:])
+    full = (*shape[:c], groups.num_groups, shape[c] // groups.num_groups, *shape[c + 1 :])
     return jnp.broadcast_to(grouped, full).reshape(shape)
 
 
@@ -294,9 +295,7 @@ def _topk_mean(deviation, axes, k, mask, count, axis_name, axis_index_groups):
     kept = tuple(a for a in range(deviation.ndim) if a not in axes)
     if mask is not None:
         deviation = jnp.where(mask, deviation, -1.0)  # masked entries never enter the top k
-    flat = jnp.transpose(deviation, kept + axes).reshape(
-        (*tuple(deviation.shape[a] for a in kept), -1)
-    )
+    flat = jnp.transpose(deviation, kept + axes).reshape((*tuple(deviation.shape[a] for a in kept), -1))
     values = lax.top_k(flat, k)[0]
     if axis_name is not None:
         gathered = lax.all_gather(values, axis_name, axis_index_groups=axis_index_groups, axis=-1, tiled=True)
@@ -354,8 +353,10 @@ def batch_moments(
                 f"virtual_batch_size={virtual_batch_size} must divide the batch size x.shape[0]={x.shape[0]}"
             )
         if axis_name is not None:
-            raise ValueError("virtual_batch_size (ghost batch norm) and axis_name are exclusive: ghost "
-                             "batches are formed from each device's local batch")
+            raise ValueError(
+                "virtual_batch_size (ghost batch norm) and axis_name are exclusive: ghost "
+                "batches are formed from each device's local batch"
+            )
         ghost_shape = (x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
         x = x.reshape(ghost_shape)
         mask = None if mask is None else mask.reshape(ghost_shape)
@@ -370,9 +371,16 @@ def batch_moments(
     if topk is not None and topk > size:
         raise ValueError(f"topk={topk} exceeds the reduction size {size} (x.shape={x.shape}, axis={axis!r})")
     mean, var = dispersion_moments(
-        x, reduce_axes, p=p, topk=topk, mask=mask, axis_name=axis_name,
-        axis_index_groups=axis_index_groups, calibration=calibration,
-        one_pass=use_fast_variance, mean_only=mean_only,
+        x,
+        reduce_axes,
+        p=p,
+        topk=topk,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        calibration=calibration,
+        one_pass=use_fast_variance,
+        mean_only=mean_only,
     )
     if not keepdims:
         mean = jnp.squeeze(mean, reduce_axes)
@@ -418,8 +426,15 @@ def batch_stats(
       ``(mean, sigma_hat)``, each of the features' shape.
     """
     mean, var = batch_moments(
-        x, p=p, axis=axis, topk=topk, mask=mask, axis_name=axis_name,
-        axis_index_groups=axis_index_groups, calibration=calibration,
-        virtual_batch_size=virtual_batch_size, use_fast_variance=use_fast_variance,
+        x,
+        p=p,
+        axis=axis,
+        topk=topk,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        calibration=calibration,
+        virtual_batch_size=virtual_batch_size,
+        use_fast_variance=use_fast_variance,
     )
     return mean, jnp.sqrt(var)

@@ -75,9 +75,10 @@ class BatchNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
-        """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the elements of the statistics."""
-        use_running_average = nn.merge_param("use_running_average", self.use_running_average,
-                                             use_running_average)
+        """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the statistics' elements."""
+        use_running_average = nn.merge_param(
+            "use_running_average", self.use_running_average, use_running_average
+        )
         feature_axes = canonical_axes(self.axis, x.ndim, "axis")
         feature_shape = tuple(x.shape[a] for a in feature_axes)
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, feature_shape, jnp.float32)
@@ -85,13 +86,26 @@ class BatchNorm(nn.Module):
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
         out = layers.batch_norm_layer(
-            x, running_mean=ra_mean.value, running_var=ra_var.value, scale=scale, bias=bias,
-            use_running_average=use_running_average, update_running_stats=not initializing,
-            axis=feature_axes, momentum=self.momentum, epsilon=self.epsilon, p=self.p, topk=self.topk,
-            calibration=self.calibration, virtual_batch_size=self.virtual_batch_size,
-            mean_only=self.mean_only, axis_name=None if initializing else self.axis_name,
-            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
-            mask=mask, dtype=self.dtype,
+            x,
+            running_mean=ra_mean.value,
+            running_var=ra_var.value,
+            scale=scale,
+            bias=bias,
+            use_running_average=use_running_average,
+            update_running_stats=not initializing,
+            axis=feature_axes,
+            momentum=self.momentum,
+            epsilon=self.epsilon,
+            p=self.p,
+            topk=self.topk,
+            calibration=self.calibration,
+            virtual_batch_size=self.virtual_batch_size,
+            mean_only=self.mean_only,
+            axis_name=None if initializing else self.axis_name,
+            axis_index_groups=self.axis_index_groups,
+            use_fast_variance=self.use_fast_variance,
+            mask=mask,
+            dtype=self.dtype,
         )
         if not use_running_average and not initializing:
             ra_mean.value, ra_var.value = out.running_mean, out.running_var
@@ -124,10 +138,18 @@ class LayerNorm(nn.Module):
         feature_axes = canonical_axes(self.feature_axes, x.ndim, "feature_axes")
         scale, bias = _scale_and_bias(self, tuple(x.shape[a] for a in feature_axes))
         return layers.layer_norm_layer(
-            x, scale=scale, bias=bias, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
-            epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
-            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
-            mask=mask, dtype=self.dtype,
+            x,
+            scale=scale,
+            bias=bias,
+            reduction_axes=self.reduction_axes,
+            feature_axes=feature_axes,
+            epsilon=self.epsilon,
+            p=self.p,
+            axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups,
+            use_fast_variance=self.use_fast_variance,
+            mask=mask,
+            dtype=self.dtype,
         )
 
 
@@ -157,10 +179,18 @@ class InstanceNorm(nn.Module):
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
         scale, bias = _scale_and_bias(self, tuple(x.shape[a] for a in feature_axes))
         return layers.layer_norm_layer(
-            x, scale=scale, bias=bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
-            epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
-            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
-            mask=mask, dtype=self.dtype,
+            x,
+            scale=scale,
+            bias=bias,
+            reduction_axes=reduction_axes,
+            feature_axes=feature_axes,
+            epsilon=self.epsilon,
+            p=self.p,
+            axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups,
+            use_fast_variance=self.use_fast_variance,
+            mask=mask,
+            dtype=self.dtype,
         )
 
 
@@ -192,10 +222,19 @@ class GroupNorm(nn.Module):
     def __call__(self, x, *, mask=None):
         scale, bias = _scale_and_bias(self, (x.shape[-1],))
         return layers.group_norm_layer(
-            x, scale=scale, bias=bias, num_groups=self.num_groups, group_size=self.group_size,
-            reduction_axes=self.reduction_axes, epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
-            axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
-            mask=mask, dtype=self.dtype,
+            x,
+            scale=scale,
+            bias=bias,
+            num_groups=self.num_groups,
+            group_size=self.group_size,
+            reduction_axes=self.reduction_axes,
+            epsilon=self.epsilon,
+            p=self.p,
+            axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups,
+            use_fast_variance=self.use_fast_variance,
+            mask=mask,
+            dtype=self.dtype,
         )
 
 
@@ -220,7 +259,13 @@ class RMSNorm(nn.Module):
         shape = tuple(x.shape[a] for a in feature_axes)
         scale = self.param("scale", self.scale_init, shape, self.param_dtype) if self.use_scale else None
         return layers.rms_norm_layer(
-            x, scale=scale, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
-            epsilon=self.epsilon, axis_name=self.axis_name, axis_index_groups=self.axis_index_groups,
-            mask=mask, dtype=self.dtype,
+            x,
+            scale=scale,
+            reduction_axes=self.reduction_axes,
+            feature_axes=feature_axes,
+            epsilon=self.epsilon,
+            axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups,
+            mask=mask,
+            dtype=self.dtype,
         )

@@ -99,9 +99,16 @@ class _Conv(nn.Module):
 
     def _linear(self, x, kernel, bias=None):
         return linear.apply_linear(
-            x, kernel, bias, conv=True, strides=self.strides, padding=self.padding,
-            input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
-            feature_group_count=self.feature_group_count, dtype=self.dtype,
+            x,
+            kernel,
+            bias,
+            conv=True,
+            strides=self.strides,
+            padding=self.padding,
+            input_dilation=self.input_dilation,
+            kernel_dilation=self.kernel_dilation,
+            feature_group_count=self.feature_group_count,
+            dtype=self.dtype,
         )
 
     @nn.compact
@@ -145,8 +152,12 @@ class _WeightNorm(nn.Module):
             init_g, init_bias = (lambda *_: g), -mean * g
         else:
             init_g = initializers.ones
-        g = self.param("scale", lambda key, shape, dtype: jnp.asarray(init_g(key, shape), dtype),
-                       (v.shape[-1],), self.param_dtype)
+        g = self.param(
+            "scale",
+            lambda key, shape, dtype: jnp.asarray(init_g(key, shape), dtype),
+            (v.shape[-1],),
+            self.param_dtype,
+        )
         return weight_norm(v, g, epsilon=self.epsilon), self._bias(init_bias)
 
 

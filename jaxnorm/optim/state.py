@@ -98,9 +98,7 @@ def _divide(field: PyTree, multipliers: PyTree, power: int) -> PyTree:
         factor = multiplier if power == 1 else jnp.square(multiplier)
         return (state_leaf / factor).astype(state_leaf.dtype)
 
-    return jax.tree.map(
-        leaf, field, multipliers, is_leaf=lambda x: x is None or _is_masked(x)
-    )
+    return jax.tree.map(leaf, field, multipliers, is_leaf=lambda x: x is None or _is_masked(x))
 
 
 def _has_arrays(node: Any) -> bool:
@@ -149,4 +147,3 @@ def rescale_state(state: PyTree, multipliers: PyTree) -> PyTree:
     for name in rule.nested:
         updates[name] = rescale_state(getattr(state, name), multipliers)
     return state._replace(**updates) if updates else state
-
