@@ -197,6 +197,45 @@ def _cycle(leaves: list, plans: Sequence[_Plan], p: float, c: Any, count_biases:
     return scales
 
 
+def _plan_key(plans: tuple[_Plan, ...]) -> tuple:
+    def sl(s: _Slice) -> tuple:
+        index = None if s.index is None else (s.index.shape, s.index.tobytes())
+        return (s.leaf, s.axis, index, s.bias)
+
+    return tuple((pl.units, tuple(map(sl, pl.producers)), tuple(map(sl, pl.consumers)))
+                 for pl in plans)
+
+
+_CACHE: dict[tuple, Any] = {}
+
+
+def _compiled(plans: tuple[_Plan, ...], p: float, count_biases: bool):
+    """One jitted runner per (spec layout, p, count_biases): all cycles in one ``fori_loop``."""
+    key = (_plan_key(plans), p, count_biases)
+    if key in _CACHE:
+        return _CACHE[key]
+
+    def run(leaves, c, cycles):
+        def body(_, carry):
+            current, totals = carry
+            current = list(current)
+            scales = _cycle(current, plans, p, c, count_biases)
+            totals = tuple(t * s.astype(t.dtype) for t, s in zip(totals, scales, strict=True))
+            return tuple(current), totals
+
+        ones = tuple(
+            jnp.ones((plan.units,), jnp.result_type(
+                *[_compute_dtype(leaves[s.leaf]) for s in (*plan.producers, *plan.consumers)]))
+            for plan in plans
+        )
+        return jax.lax.fori_loop(0, cycles, body, (tuple(leaves), ones))
+
+    if len(_CACHE) > 64:
+        _CACHE.clear()
+    _CACHE[key] = jax.jit(run)
+    return _CACHE[key]
+
+
 def _rebuild(tree: PyTree, is_variables: bool, new_params: PyTree) -> PyTree:
     if not is_variables:
         return new_params
@@ -223,7 +262,8 @@ def enorm_balance(
     ``d_j = sqrt(R_j / (c L_j))`` with ``L_j`` / ``R_j`` the p-norms of the unit's incoming (producer)
     and outgoing (consumer) weights as they are after the previous updates; producers are
     multiplied by ``d_j``, consumers divided by it. All cycles run in one ``lax.fori_loop``, so the
-    whole call is a single compiled computation for any ``cycles`` (also a traced one).
+    whole call is a single compiled computation for any ``cycles`` (also a traced one); it is
+    compiled once per spec layout and reused across calls.
 
     Args:
       params: a params tree or a Flax variables dict with a ``"params"`` key (other collections
@@ -257,20 +297,8 @@ def enorm_balance(
         spec = chain(inner)
     plans = _plan(inner, spec, "enorm_balance")
     leaves, treedef, _ = _flatten(inner)
-    leaves = [jnp.asarray(x) for x in leaves]
-
-    def body(_, carry):
-        current, totals = carry
-        current = list(current)
-        scales = _cycle(current, plans, p, c, count_biases)
-        return tuple(current), tuple(t * s.astype(t.dtype) for t, s in zip(totals, scales, strict=True))
-
-    ones = tuple(
-        jnp.ones((plan.units,), jnp.result_type(*[_compute_dtype(leaves[s.leaf]) for s in
-                                                  (*plan.producers, *plan.consumers)]))
-        for plan in plans
-    )
-    out_leaves, totals = jax.lax.fori_loop(0, cycles, body, (tuple(leaves), ones))
+    run = _compiled(plans, p, count_biases)
+    out_leaves, totals = run(tuple(jnp.asarray(x) for x in leaves), c, cycles)
     new_params = jax.tree_util.tree_unflatten(treedef, list(out_leaves))
     result = _rebuild(params, is_variables, new_params)
     return (result, totals) if return_scales else result
