@@ -186,11 +186,34 @@ def combine_moments(moments: Moments, axis: int) -> Moments:
     return Moments(total, mean, jnp.sum(moments.m2, axis=axis, keepdims=True) + between)
 
 
+def gather_invariant(
+    x: jnp.ndarray, axis_name: str | Sequence[str], axis_index_groups: AxisIndexGroups = None
+) -> jnp.ndarray:
+    """Stack ``x`` from every device of ``axis_name`` (or of this device's group) on a new axis 0.
+
+    Implemented as one ``psum`` of one-hot slots rather than ``all_gather``: the same bytes on the wire,
+    and the result is known to be replicated, so ``shard_map(..., out_specs=P())`` accepts statistics
+    computed from it.
+    """
+    index = lax.axis_index(axis_name)
+    if axis_index_groups is None:
+        size = lax.axis_size(axis_name)
+    else:
+        size = len(axis_index_groups[0])
+        position = [0] * sum(len(group) for group in axis_index_groups)
+        for group in axis_index_groups:
+            for slot, device in enumerate(group):
+                position[device] = slot
+        index = jnp.asarray(position)[index]
+    onehot = (jnp.arange(size) == index).astype(x.dtype).reshape((size,) + (1,) * x.ndim)
+    return lax.psum(onehot * x[None], axis_name, axis_index_groups=axis_index_groups)
+
+
 def _gather_combine(moments: Moments, axis_name, axis_index_groups) -> Moments:
-    """All-gather per-device moments (one collective) and merge them."""
+    """Gather per-device moments (one collective) and merge them exactly (Chan et al.)."""
     count = jnp.broadcast_to(moments.count, moments.mean.shape)
     parts = [count, moments.mean] + ([] if moments.m2 is None else [moments.m2])
-    gathered = lax.all_gather(jnp.stack(parts), axis_name, axis_index_groups=axis_index_groups)
+    gathered = gather_invariant(jnp.stack(parts), axis_name, axis_index_groups)
     merged = combine_moments(
         Moments(gathered[:, 0], gathered[:, 1], None if moments.m2 is None else gathered[:, 2]), 0
     )
@@ -298,8 +321,8 @@ def _topk_mean(deviation, axes, k, mask, count, axis_name, axis_index_groups):
     flat = jnp.transpose(deviation, kept + axes).reshape((*tuple(deviation.shape[a] for a in kept), -1))
     values = lax.top_k(flat, k)[0]
     if axis_name is not None:
-        gathered = lax.all_gather(values, axis_name, axis_index_groups=axis_index_groups, axis=-1, tiled=True)
-        values = lax.top_k(gathered, k)[0]
+        gathered = gather_invariant(values, axis_name, axis_index_groups)  # (devices, ..., k)
+        values = lax.top_k(jnp.moveaxis(gathered, 0, -2).reshape(*values.shape[:-1], -1), k)[0]
     total = jnp.sum(jnp.maximum(values, 0), axis=-1)
     keepdims_shape = tuple(1 if a in axes else deviation.shape[a] for a in range(deviation.ndim))
     return total.reshape(keepdims_shape) / jnp.clip(count, 1, k)

@@ -1,0 +1,94 @@
+"""Worker for test_norms_multidevice.py: run with 8 simulated CPU devices, print max errors as JSON.
+
+Each case computes batch statistics of one global batch on 8 devices — ``pmap`` and ``shard_map`` with an
+``axis_name``, plain ``jit`` over a ``NamedSharding``-sharded batch — and compares them with the
+single-device statistics of the same global batch, in float64, with unequal masks per device.
+"""
+
+import json
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxnorm.functional as F
+import jaxnorm.nn as jn
+
+jax.config.update("jax_enable_x64", True)
+assert jax.device_count() == 8, jax.devices()
+
+rng = np.random.default_rng(0)
+x = rng.normal(3.0, 2.0, (8 * 6, 5, 4))
+# Unequal numbers of unmasked elements per device: device d keeps about (d + 1) / 9 of its elements.
+keep = np.repeat(np.arange(1, 9) / 9.0, 6)[:, None, None]
+mask = rng.random(x.shape) < keep
+mask[::6, 0, :] = True  # at least one element per device and feature
+mesh = Mesh(np.array(jax.devices()), ("d",))
+sharded = NamedSharding(mesh, P("d"))
+errors = {}
+
+
+def max_err(got, want):
+    return max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) for g, w in zip(got, want, strict=True))
+
+
+for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3)]:
+    for masked in (False, True):
+        m = mask if masked else np.ones_like(mask)
+        kwargs = {"p": p, "topk": topk}
+        want = F.batch_moments(jnp.asarray(x), mask=jnp.asarray(m), **kwargs)
+        name = f"p={p},topk={topk},masked={masked}"
+
+        pmapped = jax.pmap(
+            lambda a, b, kw=kwargs: F.batch_moments(a, mask=b, axis_name="d", **kw), axis_name="d"
+        )(x.reshape(8, 6, 5, 4), m.reshape(8, 6, 5, 4))
+        errors[f"pmap {name}"] = max_err([pmapped[0][i] for i in range(8)] + [pmapped[1][i] for i in range(8)],
+                                         [want[0]] * 8 + [want[1]] * 8)
+
+        mapped = jax.jit(
+            jax.shard_map(
+                lambda a, b, kw=kwargs: F.batch_moments(a, mask=b, axis_name="d", **kw),
+                mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P(),
+            )
+        )(jax.device_put(x, sharded), jax.device_put(m, sharded))
+        errors[f"shard_map {name}"] = max_err(mapped, want)
+
+        global_jit = jax.jit(lambda a, b, kw=kwargs: F.batch_moments(a, mask=b, **kw))(
+            jax.device_put(x, sharded), jax.device_put(m, sharded)
+        )
+        errors[f"jit-sharded {name}"] = max_err(global_jit, want)
+
+# axis_index_groups: two groups of four devices, each with the statistics of its half of the batch.
+groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+grouped = jax.pmap(
+    lambda a: F.batch_moments(a, p=1, axis_name="d", axis_index_groups=groups), axis_name="d"
+)(x.reshape(8, 6, 5, 4))
+halves = [F.batch_moments(jnp.asarray(x[:24]), p=1), F.batch_moments(jnp.asarray(x[24:]), p=1)]
+errors["pmap axis_index_groups"] = max_err(
+    [grouped[0][0], grouped[0][7], grouped[1][0], grouped[1][7]],
+    [halves[0][0], halves[1][0], halves[0][1], halves[1][1]],
+)
+
+# The BatchNorm module under pmap: outputs and running statistics of the global batch.
+bn = jn.BatchNorm(use_running_average=False, axis_name="d", momentum=0.5, p="inf")
+variables = bn.init(jax.random.key(0), x[:6])
+y_global, stats_global = bn.clone(axis_name=None).apply(variables, jnp.asarray(x), mutable=["batch_stats"])
+y_pmap, stats_pmap = jax.pmap(
+    lambda a: bn.apply(variables, a, mutable=["batch_stats"]), axis_name="d"
+)(x.reshape(8, 6, 5, 4))
+errors["BatchNorm module pmap outputs"] = max_err([y_pmap.reshape(y_global.shape)], [y_global])
+errors["BatchNorm module pmap running stats"] = max_err(
+    [stats_pmap["batch_stats"]["mean"][3], stats_pmap["batch_stats"]["var"][5]],
+    [stats_global["batch_stats"]["mean"], stats_global["batch_stats"]["var"]],
+)
+
+# GroupNorm / LayerNorm under a sharded batch need no collective and must not change.
+y_gn = jax.jit(lambda a: F.group_norm(a, 2))(jax.device_put(x, sharded))
+errors["jit-sharded group_norm"] = max_err([y_gn], [F.group_norm(jnp.asarray(x), 2)])
+
+print(json.dumps(errors))
