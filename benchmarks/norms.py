@@ -38,6 +38,12 @@ QUICK_SHAPE, QUICK_DTYPE, QUICK_REPEATS = (64, 16, 16, 256), "float32", 5
 FORWARD_COPY_TARGET = 2.0
 """Every forward pass must take at most this many times a copy of its input."""
 
+MALLOC_REUSE = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 31)}
+"""glibc settings under which freed buffers are reused rather than handed back to the kernel. With glibc's
+defaults, every buffer over 32 MiB (a float32 128x32x32x64 tensor is 32 MiB + 0.5 MiB) is fresh memory
+on every call, and its page faults cost several times the normalization itself (about 16 ms for a copy
+of that tensor on the 2-core benchmark machine, against 3 ms with reuse)."""
+
 ModuleFactory = Callable[[jnp.dtype], fnn.Module]
 
 
@@ -236,9 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall: elapsed time (default). cpu: process CPU time, the process pinned to one "
                              "core so XLA runs one thread; stable on a machine shared with other jobs")
+    parser.add_argument("--malloc", choices=("reuse", "default"), default="reuse",
+                        help="reuse (default): re-run this script under MALLOC_MMAP_THRESHOLD_ / "
+                             "MALLOC_TRIM_THRESHOLD_ so large output buffers are reused (kernel time, not "
+                             "page faults); default: glibc's settings")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"samples per candidate (default: {QUICK_REPEATS} with --quick, else {REPEATS})")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.malloc == "reuse" and any(os.environ.get(k) != v for k, v in MALLOC_REUSE.items()):
+        # glibc reads these at process start: run this script again under them
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv],
+                  {**os.environ, **MALLOC_REUSE})
     shapes = args.shapes or ((QUICK_SHAPE,) if args.quick else SHAPES)
     dtypes = args.dtypes or ((QUICK_DTYPE,) if args.quick else DTYPES)
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
@@ -247,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     timing_kw = {"repeats": repeats, "warmup": 1 if args.quick else 2, "min_sample_seconds": 0.01,
                  "clock": CLOCKS[args.clock]}
     clock = "wall time" if args.clock == "wall" else "process CPU time, pinned to one core (one XLA thread)"
+    malloc = ", ".join(f"{k}={os.environ[k]}" for k in MALLOC_REUSE if k in os.environ) or "glibc defaults"
     for line in machine_lines([f"timing: {clock}; {repeats} interleaved repeats (ours, flax, copy), "
-                               f"samples of >= {timing_kw['min_sample_seconds'] * 1e3:g} ms"]):
+                               f"samples of >= {timing_kw['min_sample_seconds'] * 1e3:g} ms",
+                               f"malloc: {malloc}"]):
         print(line)
     print()
     print(HEADER)
