@@ -22,8 +22,10 @@ Two forms (the paper is silent about optimizer state, so both exist):
   first moments ``* s``, second moments ``* s**2``), the state the optimizer would hold had it run
   on ``w / s`` from the start (Stock et al., *Equi-normalization*, Eq. 10).
 
-Rescaling steps are chosen by ``lax.cond`` on a step counter, so the other ``tau - 1`` steps run
-only the identity branch.
+Rescaling steps are chosen by ``lax.cond`` on a step counter; only the per-unit multipliers
+``m = 1 / s`` come out of it (ones on the other ``tau - 1`` steps, where no norm is computed), and
+the update ``r(p + u) - p = (p + u) m - p`` (``u`` itself where ``m = 1``) is elementwise, so it
+fuses with the optimizer's own update.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ __all__ = [
     "WeightRescalingState",
     "default_mask",
     "resolve_mask",
-    "unit_rescaling",
+    "unit_multiplier",
     "weight_rescaling",
 ]
 
@@ -126,15 +128,18 @@ def check_params(params: PyTree, fn_name: str) -> None:
         )
 
 
-def unit_rescaling(w: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(w / s, 1 / s)``, ``s`` the per-unit L2 norm, shape ``(out,)``; zero units keep ``s = 1``.
+def _norm_dtype(w: jax.Array) -> jnp.dtype:
+    return jnp.promote_types(w.dtype, jnp.float32)
 
-    The rescaled kernel has every nonzero unit at norm 1 (Liu et al., Sec. 5); the multiplier
-    ``1 / s`` is what :func:`jaxnorm.optim.state.rescale_state` takes for ``w' = w * (1 / s)``.
+
+def unit_multiplier(w: jax.Array) -> jax.Array:
+    """``1 / ||w[..., j]||_2`` per output unit, shape ``(out,)``; 1 for a zero unit (left as it is).
+
+    ``w * unit_multiplier(w)`` has every nonzero unit at norm 1 (Liu et al., Sec. 5); the multiplier is
+    what :func:`jaxnorm.optim.state.rescale_state` takes for ``w' = w * m``.
     """
     norm = unit_norm(w)
-    multiplier = jnp.where(norm > 0, 1.0 / jnp.where(norm > 0, norm, 1.0), 1.0)
-    return (w * multiplier).astype(w.dtype), multiplier
+    return jnp.where(norm > 0, 1.0 / jnp.where(norm > 0, norm, 1.0), 1.0)
 
 
 def _check_tau(tau: Any) -> None:
@@ -203,24 +208,37 @@ def weight_rescaling(
         treedef = jax.tree.structure(params)
         flat_flags = treedef.flatten_up_to(flags)
         flat_params = treedef.flatten_up_to(params)
-
-        def rescale(updates, inner_state):
-            flat_updates = treedef.flatten_up_to(updates)
-            new_updates, multipliers = [], []
-            for flag, p, u in zip(flat_flags, flat_params, flat_updates, strict=True):
-                if flag:
-                    new, multiplier = unit_rescaling(p + u)
-                    new_updates.append((new - p).astype(u.dtype))
-                    multipliers.append(multiplier)
-                else:
-                    new_updates.append(u)
-                    multipliers.append(None)
-            if rescale_state:
-                inner_state = state_lib.rescale_state(inner_state, treedef.unflatten(multipliers))
-            return treedef.unflatten(new_updates), inner_state
-
+        flat_updates = treedef.flatten_up_to(updates)
+        selected = [i for i, flag in enumerate(flat_flags) if flag]
         do_rescale = jnp.equal(jnp.mod(count, jnp.asarray(tau, count.dtype)), 0)
-        updates, inner_state = jax.lax.cond(do_rescale, rescale, lambda u, s: (u, s), updates, inner_state)
+
+        # Only the per-unit multipliers come out of the cond: on the other steps its identity branch
+        # returns ones of shape (out,) and touches no parameter-sized buffer.
+        def norms_branch(ps, us):
+            return tuple(unit_multiplier(p + u) for p, u in zip(ps, us, strict=True))
+
+        def ones_branch(ps, us):
+            del us
+            return tuple(jnp.ones(p.shape[-1], _norm_dtype(p)) for p in ps)
+
+        chosen_p = tuple(flat_params[i] for i in selected)
+        chosen_u = tuple(flat_updates[i] for i in selected)
+        multipliers = jax.lax.cond(do_rescale, norms_branch, ones_branch, chosen_p, chosen_u)
+        flat_multipliers: list = [None] * len(flat_flags)
+        for i, multiplier in zip(selected, multipliers, strict=True):
+            p, u = flat_params[i], flat_updates[i]
+            # r(p + u) - p, and exactly u on the steps (and units) with m == 1
+            flat_updates[i] = jnp.where(multiplier == 1, u, (p + u) * multiplier - p).astype(u.dtype)
+            flat_multipliers[i] = multiplier
+        updates = treedef.unflatten(flat_updates)
+        if rescale_state:
+            inner_state = jax.lax.cond(
+                do_rescale,
+                lambda s, m: state_lib.rescale_state(s, treedef.unflatten(list(m))),
+                lambda s, m: s,
+                inner_state,
+                tuple(flat_multipliers),
+            )
         return updates, WeightRescalingState(count=count, inner_state=inner_state)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
