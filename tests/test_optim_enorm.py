@@ -1,0 +1,214 @@
+"""jaxnorm.optim.enorm: balanced params and the Eq. 10 state law for every supported optimizer."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnorm.enorm import chain, enorm_balance
+from jaxnorm.optim import enorm
+from tests import enorm_models as models
+
+
+@functools.cache
+def setup():
+    model = models.MLP(widths=(6, 5), dtype=jnp.float64)
+    with jax.enable_x64(True):
+        variables, x = models.init(model, (8, 3), 0, jnp.float64)
+        params = variables["params"]
+        y = jnp.asarray(np.random.default_rng(0).standard_normal((8, 3)))
+    return model, params, x, y
+
+
+def setup32():
+    model, params, x, y = setup()
+    cast = lambda v: jnp.asarray(np.asarray(v, np.float32))
+    return model, jax.tree.map(cast, params), cast(x), cast(y)
+
+
+def loss(model, params, x, y):
+    return jnp.mean((model.apply({"params": params}, x) - y) ** 2)
+
+
+OPTIMIZERS = {
+    "sgd": lambda: optax.sgd(0.05),
+    "momentum": lambda: optax.sgd(0.05, momentum=0.9),
+    "nesterov": lambda: optax.sgd(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: optax.adam(1e-2),
+    "adamw": lambda: optax.adamw(1e-2, weight_decay=1e-3),
+    "chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(),
+                                 optax.scale(-1e-2)),
+    "inject": lambda: optax.inject_hyperparams(optax.sgd)(learning_rate=0.05, momentum=0.9),
+}
+
+
+def _first_second(state):
+    """(first-moment fields, second-moment fields) found in an optax state, as lists of trees."""
+    first, second = [], []
+
+    def visit(node):
+        if isinstance(node, optax.TraceState):
+            first.append(node.trace)
+        elif isinstance(node, optax.ScaleByAdamState):
+            first.append(node.mu)
+            second.append(node.nu)
+        elif isinstance(node, optax.InjectHyperparamsState):
+            visit(node.inner_state)
+        elif isinstance(node, tuple):
+            for child in node:
+                visit(child)
+
+    visit(state)
+    return first, second
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_eq10_state_law(name):
+    """After a wrapped step: params are the balanced inner step; mu * w and nu * w^2 are what the
+    unwrapped inner optimizer holds at the unbalanced params (Stock et al. 2019, Eq. 10)."""
+    with jax.enable_x64(True):
+        model, params, x, y = setup()
+        spec = chain(params)
+        inner, tx = OPTIMIZERS[name](), enorm(OPTIMIZERS[name](), spec, cycles=3)
+        inner_state, state = inner.init(params), tx.init(params)
+        for _ in range(3):
+            grads = jax.grad(functools.partial(loss, model))(params, x, y)
+            u_inner, inner_state = inner.update(grads, inner_state, params)
+            stepped = optax.apply_updates(params, u_inner)
+            updates, state = tx.update(grads, state, params)
+            new = optax.apply_updates(params, updates)
+            want = enorm_balance(stepped, spec, cycles=3)
+            for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(want), strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+            f_ref, s_ref = _first_second(inner_state)
+            f_got, s_got = _first_second(state.inner_state)
+            assert len(f_got) == len(f_ref) and len(s_got) == len(s_ref)
+            assert (len(f_got) > 0) == (name != "sgd")
+            for got, ref in zip(f_got, f_ref, strict=True):
+                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)),
+                                              strict=True):
+                    np.testing.assert_allclose(g * w_new, r * w_old, rtol=1e-9, atol=1e-18)
+            for got, ref in zip(s_got, s_ref, strict=True):
+                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)),
+                                              strict=True):
+                    np.testing.assert_allclose(g * w_new**2, r * w_old**2, rtol=1e-9, atol=1e-20)
+            # continue the reference from the balanced point with the transformed state
+            params, inner_state = new, state.inner_state
+
+
+def test_balancing_changes_momentum():
+    with jax.enable_x64(True):
+        model, params, x, y = setup()
+        tx, plain = enorm(optax.sgd(0.05, momentum=0.9), cycles=2), optax.sgd(0.05, momentum=0.9)
+        grads = jax.grad(functools.partial(loss, model))(params, x, y)
+        _, state = tx.update(grads, tx.init(params), params)
+        _, ref = plain.update(grads, plain.init(params), params)
+        diff = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
+                                            state.inner_state, ref))
+        assert max(diff) > 1e-6
+
+
+def test_function_preserved_and_jit():
+    model, params, x, y = setup32()
+    tx = enorm(optax.adam(1e-2))
+    grads = jax.grad(functools.partial(loss, model))(params, x, y)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    new, state = step(params, tx.init(params))
+    stepped = optax.apply_updates(params, optax.adam(1e-2).update(
+        grads, optax.adam(1e-2).init(params), params)[0])
+    np.testing.assert_allclose(model.apply({"params": new}, x),
+                               model.apply({"params": stepped}, x), rtol=1e-5, atol=1e-6)
+    assert int(state.count) == 1
+
+
+def test_every():
+    with jax.enable_x64(True):
+        model, params, x, y = setup()
+        tx, plain = enorm(optax.sgd(0.05, momentum=0.9), every=2), optax.sgd(0.05, momentum=0.9)
+        state, ref_state = tx.init(params), plain.init(params)
+        grads = jax.grad(functools.partial(loss, model))(params, x, y)
+        u, state = tx.update(grads, state, params)
+        u_ref, ref_state = plain.update(grads, ref_state, params)
+        for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(u_ref), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12)  # step 1: no balancing
+        p1 = optax.apply_updates(params, u)
+        u, state = tx.update(grads, state, p1)
+        p2 = optax.apply_updates(p1, u)
+        stepped = optax.apply_updates(p1, plain.update(grads, ref_state, p1)[0])
+        want = enorm_balance(stepped)
+        for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)  # step 2: balanced
+
+
+class _OddState(NamedTuple):
+    acc: jax.Array
+
+
+def test_unknown_state_raises_at_init():
+    odd = optax.GradientTransformation(
+        lambda p: _OddState(jax.tree.map(jnp.zeros_like, p)), lambda u, s, p=None: (u, s))
+    _, params, _, _ = setup32()
+    with pytest.raises(TypeError, match="_OddState"):
+        enorm(optax.chain(odd, optax.sgd(0.1))).init(params)
+
+
+def test_bad_arguments():
+    _, params, _, _ = setup32()
+    with pytest.raises(ValueError, match="every"):
+        enorm(optax.sgd(0.1), every=0)
+    with pytest.raises(ValueError, match="p must be > 0"):
+        enorm(optax.sgd(0.1), p=0).init(params)
+    with pytest.raises(ValueError, match="c must be > 0"):
+        enorm(optax.sgd(0.1), c=-1.0).init(params)
+    tx = enorm(optax.sgd(0.1))
+    with pytest.raises(ValueError, match="needs the params"):
+        tx.update(params, tx.init(params))
+
+
+_SHARDED = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jaxnorm.optim import enorm
+    from tests import enorm_models as models
+    model = models.MLP(widths=(16, 8))
+    variables, x = models.init(model, (8, 3), 0)
+    params = variables["params"]
+    grads = jax.tree.map(lambda v: jnp.cos(v), params)
+    tx = enorm(optax.sgd(0.05, momentum=0.9), cycles=2)
+    step = jax.jit(lambda p, s: tx.update(grads, s, p))
+    u_ref, s_ref = step(params, tx.init(params))
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    shard = lambda v: jax.device_put(v, NamedSharding(mesh, P(*([None] * (v.ndim - 1)), "d")
+                                     if v.shape[-1] % 8 == 0 else P()))
+    sharded = jax.tree.map(shard, params)
+    u, s = step(sharded, tx.init(sharded))
+    assert len(jax.devices()) == 8
+    assert len(jax.tree.leaves(sharded)[1].sharding.device_set) == 8
+    for a, b in zip(jax.tree.leaves((u, s)), jax.tree.leaves((u_ref, s_ref)), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    print("OK")
+""")
+
+
+def test_sharded_params_match_single_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
