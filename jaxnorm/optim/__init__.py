@@ -1,5 +1,7 @@
 """optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
 
+from jaxnorm.optim.enorm import EnormState as EnormState
+from jaxnorm.optim.enorm import enorm as enorm
 from jaxnorm.optim.mimicry import NormRecordState as NormRecordState
 from jaxnorm.optim.mimicry import WDMimicryState as WDMimicryState
 from jaxnorm.optim.mimicry import record_norms as record_norms
