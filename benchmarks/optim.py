@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/optim.py [--quick] [--batch-size 32] [--tau 20] [--clock wall|cpu] [--repeats N]
+    python benchmarks/optim.py [--quick] [--batch-size 100] [--tau 20] [--clock wall|cpu] [--repeats N]
 
 Candidates, each one jitted function timed in alternation with the others (``_timing.py``):
 
@@ -86,7 +86,9 @@ def _train_step_candidate(model, variables, x, y):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} repeats, batch 8")
-    parser.add_argument("--batch-size", type=int, default=None, help="training-step batch (default 32)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="training-step batch (default 100, the WRS paper's)"
+    )
     parser.add_argument("--tau", type=int, default=20, help="WRS interval and updates per sample")
     parser.add_argument(
         "--clock",
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
     repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
-    batch_size = args.batch_size or (8 if args.quick else 32)
+    batch_size = args.batch_size or (8 if args.quick else 100)
     if args.clock == "cpu":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 

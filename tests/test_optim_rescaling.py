@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxnorm.optim.rescaling import unit_multiplier, weight_rescaling
+from jaxnorm.optim.state import rescale_state
 
 
 @pytest.fixture
@@ -232,6 +233,21 @@ def test_inject_hyperparams_and_masked():
     masked = optax.masked(weight_rescaling(1), {"w": False, "b": False})
     updates, _ = masked.update(grads, masked.init(params), params)
     np.testing.assert_array_equal(updates["w"], grads["w"])
+
+
+def test_inject_hyperparams_callable_mask_and_outer_rescaling():
+    params = {"w": jnp.full((3, 2), 2.0), "b": jnp.ones((2,))}
+    grads = jax.tree.map(jnp.ones_like, params)
+    only_w = lambda p: {"w": True, "b": False}
+    tx = optax.inject_hyperparams(weight_rescaling, static_args=("mask",))(tau=1, mask=only_w)
+    updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    np.testing.assert_allclose(jnp.linalg.norm(params["w"] + updates["w"], axis=0), 1.0, rtol=1e-6)
+    # an outer rescaling (ENorm's) passes through WRS's state into the wrapped momentum
+    tx = weight_rescaling(5, inner=optax.sgd(0.1, momentum=0.9))
+    _, state = tx.update(grads, tx.init(params), params)
+    rescaled = rescale_state(state, {"w": jnp.array([2.0, 4.0]), "b": None})
+    np.testing.assert_allclose(rescaled.inner_state[0].trace["w"], grads["w"] / jnp.array([2.0, 4.0]))
+    np.testing.assert_array_equal(rescaled.inner_state[0].trace["b"], grads["b"])
 
 
 def test_zero_unit_and_low_precision():
