@@ -53,6 +53,10 @@ def test_unit_norms_and_effective_lr(x64):
     )
     assert only_conv["dense"]["kernel"] is None
     assert np.isfinite(np.asarray(dg.effective_learning_rate({"w": jnp.zeros((2, 2))}, 0.1)["w"])).all()
+    with pytest.raises(ValueError, match="params structure"):
+        dg.angular_update(params, {"conv": params["conv"]})
+    with pytest.raises(ValueError, match="inputs must be"):
+        dg.input_span_projection(params["conv"], jnp.ones((10, 17)))
 
 
 def test_angular_update_against_arccos_and_tiny_angles(x64):

@@ -43,7 +43,13 @@ def per_unit(fn: Callable[..., jax.Array], params: PyTree, *others: PyTree, mask
     ``None`` on the other leaves. ``mask`` as in ``optax.masked``; default every leaf of rank >= 2."""
     flags = resolve_mask(mask, params, "diagnostics")
     treedef = jax.tree.structure(params)
-    flat_others = [treedef.flatten_up_to(o) for o in others]
+    try:
+        flat_others = [treedef.flatten_up_to(o) for o in others]
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"diagnostics: every tree must have the params structure {treedef}, got "
+            f"{[jax.tree.structure(o) for o in others]}"
+        ) from err
     out = [
         fn(p, *rest) if flag else None
         for flag, p, *rest in zip(
