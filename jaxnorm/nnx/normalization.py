@@ -159,8 +159,8 @@ class BatchNorm(_Affine):
             use_fast_variance=self.use_fast_variance, mask=mask, dtype=self.dtype,
         )
         if not use_running_average:
-            self.mean[...] = out.running_mean
-            self.var[...] = out.running_var
+            self.mean[...] = out.running_mean.astype(self.mean.dtype)
+            self.var[...] = out.running_var.astype(self.var.dtype)
         return out.y
 
 
