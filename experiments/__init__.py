@@ -1,0 +1,1 @@
+"""Experiment configs and the ``python -m experiments`` command line."""

@@ -1,0 +1,1 @@
+"""One ``get_config()`` file per experiment; the module docstring's first line describes it."""

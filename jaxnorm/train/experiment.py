@@ -1,0 +1,241 @@
+"""Experiments from configs: build the model and data by name, run a sweep, print a results table.
+
+An experiment config is the loop's config (:func:`jaxnorm.train.loop.default_config`) plus::
+
+    model:   name (jaxnorm.models.names()), norm (jaxnorm.models.NORMS), kwargs (model options)
+    dataset: name (jaxnorm.data.names()), train_split, eval_split, batch_size, eval_batch_size,
+             augment ("" = the dataset's default), data_dir ("" = $JAXNORM_DATA_DIR or TFDS's)
+    sweep:   key (a dotted config key, e.g. "model.norm"), grid (its values), names (optional labels)
+    workdir: where each run writes <workdir>/<run name>/ and the experiment its table and plots
+    quick:   a smoke-test size (``quick_steps`` steps on ``quick_examples`` examples)
+
+:func:`run_experiment` validates every run of the sweep before training any, so a bad value fails
+at once with the valid choices.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from jaxnorm.train import plots
+from jaxnorm.train.loop import RunResult, default_config, train
+from jaxnorm.train.optimizers import make_optimizer
+from jaxnorm.train.precision import compute_dtype
+from jaxnorm.train.sharding import DataParallel
+
+TABLE_COLUMNS = (
+    ("eval_accuracy", "eval acc", "{:.4f}"),
+    ("best_eval_accuracy", "best eval acc", "{:.4f}"),
+    ("train_loss", "train loss", "{:.4f}"),
+    ("eval_loss", "eval loss", "{:.4f}"),
+    ("seconds", "time (s)", "{:.1f}"),
+    ("images_per_second", "images/s", "{:.0f}"),
+)
+
+
+def experiment_defaults() -> ml_collections.ConfigDict:
+    """Defaults of an experiment config (the loop's plus model, dataset, sweep, workdir, quick)."""
+    config = default_config()
+    config.update(
+        {
+            "description": "",
+            "workdir": "runs/experiment",
+            "model": {"name": "mlp", "norm": "bn", "kwargs": {}},
+            "dataset": {
+                "name": "fashion_mnist",
+                "train_split": "train",
+                "eval_split": "test",
+                "batch_size": 128,
+                "eval_batch_size": 1000,
+                "augment": "",
+                "data_dir": "",
+            },
+            "sweep": {"key": "", "grid": (), "names": ()},
+            "quick": False,
+            "quick_steps": 10,
+            "quick_examples": 512,
+        }
+    )
+    return config
+
+
+def _set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        if part not in node:
+            raise ValueError(f"config.sweep.key={key!r}: config has no field {part!r}")
+        node = node[part]
+    if leaf not in node:
+        raise ValueError(
+            f"config.sweep.key={key!r}: config has no field {leaf!r}; valid: {sorted(node.keys())}"
+        )
+    with node.unlocked():
+        node[leaf] = value
+
+
+def expand_sweep(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+    """The runs of an experiment: ``[(name, run config)]`` (one run when there is no sweep)."""
+    sweep = config.sweep
+    if not sweep.key:
+        return [(config.model.norm if "model" in config else "run", config)]
+    values, names = tuple(sweep.grid), tuple(sweep.names or ())
+    if not values:
+        raise ValueError(f"config.sweep.grid is empty for sweep.key={sweep.key!r}")
+    if names and len(names) != len(values):
+        raise ValueError(f"config.sweep.names has {len(names)} entries for {len(values)} sweep.grid")
+    runs = []
+    for i, value in enumerate(values):
+        run = copy.deepcopy(config)
+        _set_dotted(run, sweep.key, value)
+        runs.append((str(names[i]) if names else str(value), run))
+    if len({n for n, _ in runs}) != len(runs):
+        raise ValueError(f"config.sweep gives duplicate run names {[n for n, _ in runs]}")
+    return runs
+
+
+def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The smoke-test version of ``config``: few steps on a slice of the data, no progress bar."""
+    config = copy.deepcopy(config)
+    n = int(config.quick_examples)
+    with config.unlocked():
+        config.num_steps = int(config.quick_steps)
+        config.log_every = max(1, config.num_steps // 2)
+        config.eval_every = 0
+        config.progress = False
+        config.dataset.train_split = f"{config.dataset.train_split}[:{n}]"
+        config.dataset.eval_split = f"{config.dataset.eval_split}[:{n}]"
+        config.dataset.batch_size = min(config.dataset.batch_size, n // 2)
+        config.dataset.eval_batch_size = min(config.dataset.eval_batch_size, n // 2)
+        warmup = int(config.optimizer.get("warmup_steps", 0))
+        config.optimizer.warmup_steps = min(warmup, config.num_steps // 2)
+    return config
+
+
+def build_model(config: Mapping[str, Any], num_classes: int, parallel: DataParallel):
+    """``jaxnorm.models.create`` from ``config.model`` (``axis_name`` added under pmap)."""
+    from jaxnorm import models
+
+    kwargs = dict(config.model.get("kwargs", {}) or {})
+    if parallel.axis_name is not None:
+        kwargs["axis_name"] = parallel.axis_name
+    try:
+        return models.create(config.model.name, num_classes=num_classes, norm=config.model.norm, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"config.model: {e}") from e
+
+
+def build_data(config: Mapping[str, Any]):
+    """``(train, eval)`` datasets from ``config.dataset`` via ``jaxnorm.data.load``."""
+    from jaxnorm import data
+
+    ds = config.dataset
+    common = {"seed": int(config.seed), "data_dir": ds.data_dir or None}
+    try:
+        train_data = data.load(
+            ds.name,
+            ds.train_split,
+            batch_size=int(ds.batch_size),
+            train=True,
+            augment=ds.augment or None,
+            **common,
+        )
+        eval_data = data.load(
+            ds.name,
+            ds.eval_split,
+            batch_size=int(ds.eval_batch_size),
+            train=False,
+            drop_remainder=False,
+            augment=ds.augment or None,
+            **common,
+        )
+    except ValueError as e:
+        raise ValueError(f"config.dataset: {e}") from e
+    return train_data, eval_data
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks the parts of a run config that are cheap to check, with the valid choices."""
+    from jaxnorm import data
+
+    compute_dtype(config.precision)
+    parallel = DataParallel(config.parallel)
+    if config.dataset.name not in data.names():
+        raise ValueError(
+            f"config.dataset.name must be one of {list(data.names())}, got {config.dataset.name!r}"
+        )
+    build_model(config, data.info(config.dataset.name).num_classes, parallel)
+    make_optimizer(config.optimizer, 10**9)  # run length checked at run time
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:
+    """One run of ``config`` (a run config, no sweep) in ``workdir``."""
+    from jaxnorm import data
+
+    parallel = DataParallel(config.parallel)
+    train_data, eval_data = build_data(config)
+    model = build_model(config, data.info(config.dataset.name).num_classes, parallel)
+    return train(
+        config,
+        model=model,
+        train_data=train_data,
+        eval_data=eval_data,
+        workdir=workdir,
+        parallel=parallel,
+    )
+
+
+def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
+    """A Markdown table: one row per run, the summary columns of :data:`TABLE_COLUMNS`."""
+    header = ["run", *(label for _, label, _ in TABLE_COLUMNS)]
+    rows = [header, ["---"] * len(header)]
+    for name, summary in results.items():
+        cells = [name]
+        for key, _, fmt in TABLE_COLUMNS:
+            cells.append(fmt.format(summary[key]) if key in summary else "-")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    )
+
+
+def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict[str, dict[str, float]]:
+    """Runs every run of ``config``'s sweep; writes ``results.json``, ``results.md`` and the
+    overlaid plots into ``config.workdir``; prints and returns ``{run name: summary}``."""
+    base = experiment_defaults()
+    base.update(config)
+    if base.quick:
+        base = apply_quick(base)
+    runs = expand_sweep(base)
+    for name, run_config in runs:
+        try:
+            validate(run_config)
+        except ValueError as e:
+            raise ValueError(f"run {name!r}: {e}") from e
+    workdir = base.workdir
+    results, histories = {}, {}
+    for name, run_config in runs:
+        print_fn(f"== {name}")
+        result = run(run_config, os.path.join(workdir, name))
+        results[name] = result.summary
+        histories[name] = result.history
+        if result.preempted:
+            print_fn(f"stopped at step {int(result.state.step)}; run the same command to resume")
+            break
+    table = results_table(results)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(table + "\n")
+    paths = plots.plot_runs(histories, workdir)
+    print_fn(table)
+    print_fn("plots: " + ", ".join(paths))
+    return results

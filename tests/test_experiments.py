@@ -1,0 +1,128 @@
+"""The experiments command line: listing, config errors, a smoke run and a short real run.
+
+The runs read Fashion-MNIST offline (Debian package dataset-fashion-mnist, prepared by
+``jaxnorm.data``); they are skipped where it is not installed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import __main__ as cli
+from jaxnorm.train import experiment
+
+
+def _fashion_mnist_available():
+    from jaxnorm import data
+
+    try:
+        data.load("fashion_mnist", "test[:8]", batch_size=8, train=False)
+    except data.DatasetNotFoundError:
+        return False
+    return True
+
+
+needs_fmnist = pytest.mark.skipif(
+    not _fashion_mnist_available(), reason="Fashion-MNIST not installed (dataset-fashion-mnist)"
+)
+
+
+def test_list_shows_every_config_with_its_description():
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__))),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    names = [line.split()[0] for line in lines]
+    assert "fmnist_norms" in names
+    assert sorted(names) == sorted(cli.available())
+    assert all(len(line.split(None, 1)) == 2 for line in lines)  # every config has a description
+
+
+def test_unknown_config_lists_the_choices(capsys):
+    assert cli.main(["experiments", "fmnist_norm"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config 'fmnist_norm'" in err and "fmnist_norms" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--config.model.norm=gn", "config.model.norm is set by the sweep"),
+        ("--config.dataset.name=svhn", "config.dataset.name must be one of"),
+        ("--config.optimizer.name=lamb", "optimizer.name must be one of"),
+        ("--config.parallel=dp", "parallel mode must be one of"),
+        ("--config.precision=fp8", "precision must be one of"),
+        ("--config.no_such_key=1", "no_such_key"),
+        ("--config.sweep.key=model.depth", "config has no field 'depth'"),
+    ],
+)
+def test_bad_configs_fail_before_training_with_the_choices(capsys, override, message):
+    assert cli.main(["experiments", "fmnist_norms", override]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_norm_error_lists_valid_norms(capsys):
+    assert cli.main(["experiments", "fmnist_norms", "--config.sweep.grid=('bn', 'l3bn')"]) == 2
+    err = capsys.readouterr().err
+    assert "run 'l3bn'" in err and "'linfbn'" in err and "'gn'" in err
+    args = ["experiments", "fmnist_norms", "--config.sweep.key=", "--config.model.norm=l3bn"]
+    assert cli.main(args) == 2
+    assert "config.model: norm must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(cli.available()))
+def test_every_config_builds_and_validates(name):
+    config = cli.load_config(name, [])
+    base = experiment.experiment_defaults()
+    base.update(config)
+    for _, run_config in experiment.expand_sweep(base):
+        experiment.validate(run_config)
+
+
+@needs_fmnist
+def test_quick_smoke_run_writes_table_metrics_and_plots(tmp_path, capsys):
+    args = [
+        "experiments",
+        "fmnist_norms",
+        "--config.quick=True",
+        "--config.quick_steps=4",
+        "--config.quick_examples=256",
+        "--config.sweep.grid=('bn', 'gn')",
+        f"--config.workdir={tmp_path}",
+    ]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| run" in out and "| bn " in out and "| gn " in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"bn", "gn"}
+    assert results["bn"]["steps"] == 4.0
+    for name in ("accuracy.png", "loss.png", "weight_norms.png", "results.md"):
+        assert (tmp_path / name).is_file()
+    for run in ("bn", "gn"):
+        assert (tmp_path / run / "metrics.jsonl").is_file()
+
+
+@needs_fmnist
+def test_short_real_run_reaches_stated_accuracy(tmp_path):
+    """The config's BN MLP on 4096 Fashion-MNIST images for 150 steps: > 75% on 2048 test images."""
+    overrides = [
+        "--config.sweep.key=",
+        "--config.num_steps=150",
+        "--config.optimizer.warmup_steps=20",
+        "--config.dataset.train_split=train[:4096]",
+        "--config.dataset.eval_split=test[:2048]",
+        "--config.dataset.eval_batch_size=1024",
+        "--config.checkpoint_every=0",
+        "--config.progress=False",
+        "--config.plots=False",
+    ]
+    result = experiment.run(cli.load_config("fmnist_norms", overrides), str(tmp_path))
+    assert result.summary["eval_accuracy"] > 0.75
