@@ -12,6 +12,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 from oracles import dispersion_sq
 
 import jaxnorm.nn as jnn
@@ -352,6 +354,16 @@ def test_data_init_standardizes_pre_activations_and_matches_linen(make, x):
     _close(fresh.bias[...], variables["params"]["bias"], 1e-6, 1e-6)
 
 
+@given(st.lists(st.floats(1e-3, 1e3), min_size=6, max_size=6))
+@pytest.mark.parametrize("name", ["WeightNormDense", "BoundedWeightNormDense", "NormPropDense"])
+def test_weight_layers_are_invariant_to_rescaling_each_direction(name, scales):
+    """``W(c v) = W(v)`` for every per-unit ``c > 0``: only the direction of ``v`` matters."""
+    layer = getattr(jnnx, name)(10, 6, rngs=nnx.Rngs(0))
+    y = layer(X_DENSE)
+    layer.kernel[...] = layer.kernel[...] * jnp.asarray(scales, jnp.float32)
+    _close(layer(X_DENSE), y, 1e-5, 1e-5)
+
+
 def test_bounded_weight_norm_rho_is_a_fixed_constant():
     layer = jnnx.BoundedWeightNormDense(10, 6, rngs=nnx.Rngs(0))
     assert isinstance(layer.rho, jnnx.Constant) and not isinstance(layer.rho, nnx.Param)
@@ -443,6 +455,14 @@ def test_bad_input_raises_clear_errors():
         jnnx.BatchNorm(6, virtual_batch_size=3, rngs=nnx.Rngs(0))(jnp.ones((4, 6)))
     with pytest.raises(ValueError, match="mask"):
         jnnx.BatchNorm(6, rngs=nnx.Rngs(0))(jnp.ones((4, 6)), mask=jnp.ones((3, 6), bool))
+    with pytest.raises(TypeError, match="floating"):
+        jnnx.LayerNorm(6, rngs=nnx.Rngs(0))(jnp.ones((4, 6), jnp.int32))
+    with pytest.raises(TypeError, match="floating"):
+        jnnx.RMSNorm(6, rngs=nnx.Rngs(0))(jnp.ones((4, 6), jnp.int32))
+    with pytest.raises(ValueError, match="at least 2 elements"):
+        jnnx.BatchNorm(6, rngs=nnx.Rngs(0))(jnp.ones((1, 6)))
+    with pytest.raises(ValueError, match="axis"):
+        jnnx.BatchNorm(6, axis=2, rngs=nnx.Rngs(0))(jnp.ones((4, 6)))
     with pytest.raises(ValueError, match="data_init"):
         jnnx.WeightNormDense(4, 3, g_init="data", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel_size"):

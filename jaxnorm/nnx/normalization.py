@@ -27,7 +27,7 @@ from flax.nnx.nn import dtypes
 from flax.typing import Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.functional import layers
-from jaxnorm.functional._checks import PNorm, canonical_axes, canonical_p
+from jaxnorm.functional._checks import PNorm, canonical_axes, canonical_p, check_floating
 from jaxnorm.functional.stats import Calibration
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 
@@ -69,7 +69,8 @@ class _Affine(nnx.Module):
         self.promote_dtype = promote_dtype
 
     def _promoted(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
-        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does."""
+        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` must be floating)."""
+        check_floating(x, "x")
         return self.promote_dtype((x, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype)
 
 
@@ -360,6 +361,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x, *, mask=None):
         """``x * rsqrt(mean(x^2) + epsilon) * scale`` over ``reduction_axes``."""
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
+        check_floating(x, "x")
         x, scale = self.promote_dtype((x, value_or_none(self.scale)), dtype=self.dtype)
         return layers.rms_norm_layer(
             x, scale=scale, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
