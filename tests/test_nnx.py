@@ -4,6 +4,9 @@ option, and the weight-layer contracts (trainable g, kernel never overwritten, g
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 
 import flax.linen as linen
 import jax
@@ -432,6 +435,45 @@ def test_axis_name_under_vmap_gives_global_statistics():
     y = nnx.jit(nnx.vmap(lambda m, x: m(x), in_axes=(None, 0), axis_name="batch"))(ours, x)
     _close(y, theirs(x.reshape(24, 5)).reshape(x.shape))
     _close(ours.var[...], theirs.var[...])
+
+
+_PMAP_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+import jaxnorm.nnx as jnnx
+
+assert jax.device_count() == 8
+x = jax.random.normal(jax.random.key(0), (8, 4, 3, 5)) * 2.0 + 1.0
+mask = np.zeros((8, 4, 3, 5), bool)
+for d in range(8):
+    mask[d, : 1 + d % 4] = True  # the devices hold 1 to 4 unmasked examples
+mask = jnp.asarray(mask)
+for p in (2, 1, "inf"):
+    graph, state = nnx.split(jnnx.BatchNorm(5, axis_name="devices", p=p, momentum=0.5, rngs=nnx.Rngs(0)))
+
+    def step(state, x, mask):
+        model = nnx.merge(graph, state)
+        return model(x, mask=mask), nnx.state(model)
+
+    y, new_state = jax.pmap(step, axis_name="devices", in_axes=(None, 0, 0))(state, x, mask)
+    reference = jnnx.BatchNorm(5, p=p, momentum=0.5, rngs=nnx.Rngs(0))
+    y_ref = reference(x.reshape(32, 3, 5), mask=mask.reshape(32, 3, 5)).reshape(x.shape)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    for name in ("mean", "var"):
+        for d in range(8):
+            np.testing.assert_allclose(new_state[name][...][d], getattr(reference, name)[...],
+                                       rtol=1e-5, atol=1e-6)
+print("ok")
+"""
+
+
+def test_pmap_with_unequal_masks_gives_global_batch_statistics():
+    """8 simulated devices: statistics over ``axis_name`` equal the single-device global batch."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", _PMAP_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
 
 
 # --------------------------------------------------------------------------------------------------
