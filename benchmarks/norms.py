@@ -38,11 +38,16 @@ QUICK_SHAPE, QUICK_DTYPE, QUICK_REPEATS = (64, 16, 16, 256), "float32", 5
 FORWARD_COPY_TARGET = 2.0
 """Every forward pass must take at most this many times a copy of its input."""
 
-MALLOC_REUSE = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 31)}
+MALLOC_REUSE = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+}
 """glibc settings under which freed buffers are reused rather than handed back to the kernel. With glibc's
-defaults, every buffer over 32 MiB (a float32 128x32x32x64 tensor is 32 MiB + 0.5 MiB) is fresh memory
-on every call, and its page faults cost several times the normalization itself (about 16 ms for a copy
-of that tensor on the 2-core benchmark machine, against 3 ms with reuse)."""
+defaults, a buffer over 32 MiB (a float32 128x32x32x64 tensor is 32.5 MiB), or one allocated by an XLA
+worker thread in its own arena, is fresh memory on every call, and its page faults cost several times
+the normalization itself (a copy of that tensor: about 15 ms against 2.4 ms with reuse, on the 2-core
+benchmark machine), which hides the differences between implementations."""
 
 ModuleFactory = Callable[[jnp.dtype], fnn.Module]
 
@@ -243,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall: elapsed time (default). cpu: process CPU time, the process pinned to one "
                              "core so XLA runs one thread; stable on a machine shared with other jobs")
     parser.add_argument("--malloc", choices=("reuse", "default"), default="reuse",
-                        help="reuse (default): re-run this script under MALLOC_MMAP_THRESHOLD_ / "
-                             "MALLOC_TRIM_THRESHOLD_ so large output buffers are reused (kernel time, not "
-                             "page faults); default: glibc's settings")
+                        help="reuse (default): re-run this script under the glibc settings of MALLOC_REUSE "
+                             "(MALLOC_ARENA_MAX=1, large mmap and trim thresholds) so large buffers are "
+                             "reused: kernel time, not page faults. default: glibc's settings")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"samples per candidate (default: {QUICK_REPEATS} with --quick, else {REPEATS})")
     argv = sys.argv[1:] if argv is None else argv
