@@ -93,12 +93,14 @@ def resolve_kernel_init(kernel_init: str | Initializer) -> Initializer:
 
 
 def groups_for(channels: int, num_groups: int) -> int:
-    """The largest divisor of ``channels`` that is at most ``num_groups``.
+    """The largest divisor of ``channels`` that is at most ``num_groups`` and leaves at least two
+    channels per group (one channel per group would zero a Dense layer's output).
 
     Wu & He (2018) use 32 groups; narrow layers (tiny test widths, 16-channel ResNet-56 stages)
-    get the largest group count that divides the channel count.
+    get the largest group count that fits.
     """
-    return max(g for g in range(1, min(num_groups, channels) + 1) if channels % g == 0)
+    return max((g for g in range(1, min(num_groups, channels // 2) + 1) if channels % g == 0),
+               default=1)
 
 
 @dataclasses.dataclass(frozen=True)

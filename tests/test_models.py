@@ -1,0 +1,275 @@
+"""Models: registry, every norm on small models, published parameter counts, initialisations."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnorm import models
+from jaxnorm.models.norms import groups_for
+
+KEY = jax.random.key(0)
+
+# name -> (tiny kwargs, input shape): small enough to run eagerly in CI.
+TINY = {
+    "mlp": (dict(depth=2, width=16), (8, 28, 28, 1)),
+    "cifar_nv": (dict(widths=(8, 8, 8)), (8, 28, 28, 3)),
+    "vgg11": (dict(width_multiplier=1 / 16), (8, 32, 32, 3)),
+    "vgg16": (dict(width_multiplier=1 / 16), (8, 28, 28, 1)),
+    "resnet18": (dict(width=4, shortcut="C"), (8, 32, 32, 3)),
+    "resnet56": (dict(width=4), (8, 16, 16, 3)),
+    "wrn28_10": (dict(depth=10, widen_factor=1), (8, 16, 16, 3)),
+}
+NORM_OPTIONS = dict(topk=2, virtual_batch_size=4)
+
+
+def n_params(tree):
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def param_count(model, shape):
+    """Parameter count from shapes alone (jax.eval_shape: nothing is allocated)."""
+    variables = jax.eval_shape(lambda: model.init(KEY, jnp.zeros(shape), train=False))
+    return n_params(variables["params"])
+
+
+def run(name, norm, **kwargs):
+    tiny, shape = TINY[name]
+    model = models.create(name, num_classes=10, norm=norm, **{**tiny, **NORM_OPTIONS, **kwargs})
+    x = jax.random.normal(jax.random.key(1), shape)
+    variables = model.init(KEY, x, train=False)
+    logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    eval_logits = model.apply(variables, x, train=False)
+    return model, variables, logits, updates, eval_logits
+
+
+def abstract(name, norm, **kwargs):
+    """Variables and train-mode logits as shapes only (traced, never computed)."""
+    tiny, shape = TINY[name]
+    model = models.create(name, num_classes=10, norm=norm, **{**tiny, **NORM_OPTIONS, **kwargs})
+    x = jax.ShapeDtypeStruct(shape, jnp.float32)
+    variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
+    logits, _ = jax.eval_shape(
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
+    return variables, logits
+
+
+def check_logits(logits, batch=8, classes=10):
+    assert logits.shape == (batch, classes)
+    assert logits.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    assert float(jnp.std(logits)) > 1e-3  # not a constant output
+
+
+def test_names_and_descriptions():
+    assert models.names() == tuple(sorted(TINY))
+    for name in models.names():
+        assert models.describe(name)
+
+
+@pytest.mark.parametrize("norm", models.NORMS)
+def test_every_norm_on_the_mlp(norm):
+    _, variables, logits, updates, eval_logits = run("mlp", norm)
+    check_logits(logits)
+    check_logits(eval_logits)
+    has_bn = norm in ("bn", "l1bn", "linfbn", "topk", "ghostbn", "bwn")
+    assert ("batch_stats" in variables) == has_bn
+    if has_bn:  # training mode moved the running averages away from their init
+        before = jax.tree.leaves(variables["batch_stats"])
+        after = jax.tree.leaves(updates["batch_stats"])
+        assert any(not np.allclose(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("norm", ["none", "linfbn", "gn", "swn", "bwn", "ws", "normprop"])
+def test_norms_on_cifar_nv(norm):
+    _, _, logits, _, eval_logits = run("cifar_nv", norm)
+    check_logits(logits)
+    check_logits(eval_logits)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("norm", models.NORMS)
+def test_every_model_with_every_norm_traces(name, norm):
+    variables, logits = abstract(name, norm)
+    assert logits.shape == (8, 10) and logits.dtype == jnp.float32
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables["params"]))
+
+
+@pytest.mark.parametrize(("name", "norm"), [
+    ("resnet18", "l1bn"),
+    pytest.param("vgg11", "bn", marks=pytest.mark.slow),
+    pytest.param("wrn28_10", "normprop", marks=pytest.mark.slow),
+    pytest.param("vgg16", "gn", marks=pytest.mark.slow),
+    pytest.param("resnet18", "swn", marks=pytest.mark.slow),
+    pytest.param("resnet56", "bn", marks=pytest.mark.slow),
+    pytest.param("resnet56", "ws", marks=pytest.mark.slow),
+    pytest.param("wrn28_10", "bn", marks=pytest.mark.slow),
+    pytest.param("wrn28_10", "wn", marks=pytest.mark.slow),
+])
+def test_deep_models_compute(name, norm):
+    _, _, logits, _, eval_logits = run(name, norm)
+    check_logits(logits)
+    check_logits(eval_logits)
+
+
+def test_imagenet_stem():
+    model = models.create("resnet18", num_classes=7, norm="bn", width=2, stem="imagenet")
+    x = jax.ShapeDtypeStruct((2, 64, 64, 3), jnp.float32)
+    variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
+    assert variables["params"]["stem"]["kernel"].shape == (7, 7, 3, 2)
+    logits, updates = jax.eval_shape(
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
+    assert logits.shape == (2, 7)
+    assert set(updates) == {"batch_stats"}
+
+
+# Published parameter counts (no BN running statistics; BN scale and bias count as params).
+@pytest.mark.parametrize(("name", "kwargs", "shape", "classes", "expected"), [
+    # torchvision resnet18 (He et al. 2016, Table 1: 11.7M)
+    ("resnet18", dict(stem="imagenet"), (1, 224, 224, 3), 1000, 11_689_512),
+    # CIFAR ResNet-18 (3x3 stem, no max-pool), 10 classes
+    ("resnet18", dict(), (1, 32, 32, 3), 10, 11_173_962),
+    # He et al. 2016, Table 6: ResNet-56, 0.85M
+    ("resnet56", dict(), (1, 32, 32, 3), 10, 853_018),
+    # Zagoruyko & Komodakis 2016, Table 4: WRN-28-10, 36.5M
+    ("wrn28_10", dict(), (1, 32, 32, 3), 10, 36_479_194),
+    # CIFAR VGG-16 with BN, bias-free convs, one classifier
+    ("vgg16", dict(), (1, 32, 32, 3), 10, 14_724_042),
+])
+def test_published_parameter_counts(name, kwargs, shape, classes, expected):
+    assert param_count(models.create(name, num_classes=classes, **kwargs), shape) == expected
+
+
+def test_type_c_adds_a_learned_shortcut_to_every_block():
+    shape = (1, 32, 32, 3)
+    count_b = param_count(models.create("resnet18", num_classes=10), shape)
+    count_c = param_count(models.create("resnet18", num_classes=10, shortcut="C"), shape)
+    # Type C adds a 1x1 conv (c*c) + BN (2c) to the 5 blocks whose shortcut is an identity in B.
+    identity_blocks = [64, 64, 128, 256, 512]
+    assert count_c - count_b == sum(c * c + 2 * c for c in identity_blocks)
+    variables = jax.eval_shape(lambda: models.create(
+        "resnet18", num_classes=10, shortcut="C", width=4).init(KEY, jnp.zeros(shape),
+                                                                  train=False))
+    blocks = {k: v for k, v in variables["params"].items() if "block" in k}
+    assert len(blocks) == 8 and all("shortcut" in b for b in blocks.values())
+
+
+def test_resnet56_closed_form_count():
+    # option A: 3x3 stem, 9 blocks per stage of two 3x3 convs + BN, classifier.
+    def block(c_in, c):
+        return 9 * c_in * c + 2 * c + 9 * c * c + 2 * c
+
+    widths = (16, 32, 64)
+    total = 27 * 16 + 2 * 16 + 64 * 10 + 10
+    for i, c in enumerate(widths):
+        c_in = widths[i - 1] if i else c
+        total += block(c_in, c) + 8 * block(c, c)
+    assert param_count(models.create("resnet56", num_classes=10), (1, 32, 32, 3)) == total
+
+
+def test_unnormalized_models_have_plain_param_trees():
+    # What ENorm reads: {layer: {"kernel", "bias"}}, nothing else.
+    for name in ("mlp", "cifar_nv", "vgg11"):
+        variables, _ = abstract(name, "none")
+        assert set(variables) == {"params"}
+        for layer in variables["params"].values():
+            assert set(layer) == {"kernel", "bias"}
+    variables, _ = abstract("mlp", "none")
+    assert list(variables["params"]) == ["dense_0", "dense_1", "head"]
+
+
+def test_enorm_balance_preserves_the_unnormalized_mlp_and_cifar_nv():
+    enorm = pytest.importorskip("jaxnorm.enorm")
+    for name in ("mlp", "cifar_nv"):
+        model, variables, *_ = run(name, "none")
+        x = jax.random.normal(jax.random.key(2), TINY[name][1])
+        balanced = enorm.enorm_balance(variables, cycles=3)
+        np.testing.assert_allclose(model.apply(balanced, x, train=False),
+                                   model.apply(variables, x, train=False), rtol=2e-4, atol=2e-5)
+
+
+def test_final_bn():
+    variables, _ = abstract("mlp", "none", final_bn=True)
+    assert set(variables["params"]["final_bn"]) == {"scale", "bias"}
+    assert "final_bn" in variables["batch_stats"]
+
+
+def test_cifar_nv_official_norm_placement():
+    variables, _ = abstract("cifar_nv", "bn", norm_every_conv=False)
+    norms = sorted(k for k in variables["params"] if k.endswith("_norm"))
+    assert norms == ["conv_2_norm", "conv_5_norm"]
+
+
+def test_default_initialisations():
+    # MLP: Xavier uniform, Var = 2 / (fan_in + fan_out) (Glorot & Bengio 2010; ENorm Sec. 6.1).
+    mlp = models.create("mlp", num_classes=10, norm="none", depth=1, width=400)
+    params = mlp.init(KEY, jnp.zeros((1, 600)), train=False)["params"]
+    kernel = np.asarray(params["dense_0"]["kernel"])
+    assert abs(kernel.var() / (2 / (600 + 400)) - 1) < 0.03
+    assert np.abs(kernel).max() <= math.sqrt(6 / 1000)
+    # ResNet: Kaiming normal, Var = 2 / fan_in (He et al. 2015a).
+    net = models.create("resnet18", num_classes=10, width=64)
+    shapes = jax.eval_shape(lambda: net.init(KEY, jnp.zeros((1, 8, 8, 3)), train=False))
+    assert shapes["params"]["stage3_block1"]["conv2"]["kernel"].shape == (3, 3, 512, 512)
+    kernel = models.norm_layers("bn").kernel_init(KEY, (3, 3, 256, 256))
+    assert abs(float(kernel.var()) / (2 / (9 * 256)) - 1) < 0.02
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    _, variables, logits, *_ = run("cifar_nv", "bn", dtype=jnp.bfloat16)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables["params"]))
+    assert logits.dtype == jnp.float32
+
+
+def test_wrn_dropout_needs_an_rng_only_in_training():
+    model = models.create("wrn28_10", num_classes=10, depth=10, widen_factor=1,
+                          dropout_rate=0.3)
+    x = jax.ShapeDtypeStruct((2, 4, 4, 3), jnp.float32)
+    variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
+    with pytest.raises(Exception, match="dropout"):
+        jax.eval_shape(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]),
+                       variables, x)
+    out, _ = jax.eval_shape(
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"],
+                                 rngs={"dropout": jax.random.key(3)}), variables, x)
+    assert out.shape == (2, 10)
+
+
+def test_groups_for():
+    assert groups_for(64, 32) == 32
+    assert groups_for(16, 32) == 8  # at least two channels per group
+    assert groups_for(500, 20) == 20
+    assert groups_for(48, 32) == 24
+    assert groups_for(3, 32) == 1
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: models.create("resnet50", num_classes=10), "resnet18"),
+    (lambda: models.create("mlp", num_classes=10, norm="batchnorm"), "l1bn"),
+    (lambda: models.create("mlp", num_classes=10, widht=3), "width"),
+    (lambda: models.create("mlp", num_classes=0), "num_classes"),
+    (lambda: models.create("mlp", num_classes=10, kernel_init="he"), "kaiming"),
+    (lambda: models.create("mlp", num_classes=10, num_groups=0), "num_groups"),
+    (lambda: models.create("mlp", num_classes=10, bn_momentum=1.0), "bn_momentum"),
+])
+def test_bad_arguments_raise_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(shortcut="D"), "shortcut"),
+    (dict(stem="tiny"), "stem"),
+])
+def test_bad_resnet_options(kwargs, match):
+    model = models.create("resnet18", num_classes=10, width=2, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        model.init(KEY, jnp.ones((1, 8, 8, 3)), train=False)
+
+
+def test_bad_wrn_depth():
+    model = models.create("wrn28_10", num_classes=10, depth=12)
+    with pytest.raises(ValueError, match="depth"):
+        model.init(KEY, jnp.ones((1, 8, 8, 3)), train=False)
