@@ -226,6 +226,8 @@ def test_errors():
         bwn_projection(mask={"conv": True}).init(params)
     with pytest.raises(ValueError, match="target norms"):
         norm_schedule({"conv": 1.0}).update(params, norm_schedule(1.0).init(params), params)
+    with pytest.raises(ValueError, match="got None"):
+        bwn_projection(rho={"conv": 1.0, "dense": None, "bias": None}).init(params)
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         tx = bwn_projection(rho={"conv": jnp.ones(3), "dense": 1.0, "bias": None})
         tx.init(params)

@@ -177,6 +177,7 @@ def test_bn_network_function_unchanged_by_rescaling_step(x64):
     # far from the unit sphere, in float64
     params = jax.tree.map(lambda p: p.astype(jnp.float64) * 7.0, variables["params"])
 
+    @jax.jit
     def apply(p):
         out, _ = model.apply({**variables, "params": p}, x, mutable=["batch_stats"])
         return out

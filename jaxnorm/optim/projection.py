@@ -89,10 +89,13 @@ def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: s
     for target, flag, leaf in zip(
         flat, treedef.flatten_up_to(flags), treedef.flatten_up_to(params), strict=True
     ):
-        if flag and jnp.ndim(target) != 0 and jnp.shape(target) != (jnp.shape(leaf)[-1],):
+        if not flag:
+            continue
+        if target is None or (jnp.ndim(target) != 0 and jnp.shape(target) != (jnp.shape(leaf)[-1],)):
             raise ValueError(
                 f"{fn_name}: target norms for a kernel of shape {jnp.shape(leaf)} must be a scalar "
-                f"or of shape ({jnp.shape(leaf)[-1]},), got shape {jnp.shape(target)}"
+                f"or of shape ({jnp.shape(leaf)[-1]},), got "
+                f"{'None' if target is None else f'shape {jnp.shape(target)}'}"
             )
     return flat
 
