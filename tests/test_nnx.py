@@ -509,6 +509,10 @@ def test_bad_input_raises_clear_errors():
         jnnx.WeightNormDense(4, 3, g_init="data", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel_size"):
         jnnx.WSConv(4, 3, 3, rngs=nnx.Rngs(0))(jnp.ones((2, 5, 5, 4)))
+    with pytest.raises(ValueError, match="in_features=4"):
+        jnnx.WeightNormDense(4, 3, rngs=nnx.Rngs(0))(jnp.ones((2, 5)))
+    with pytest.raises(ValueError, match="in_features=4"):
+        jnnx.NormPropConv(4, 3, (3, 3), rngs=nnx.Rngs(0))(jnp.ones((2, 5, 5, 3)))
     with pytest.raises(ValueError, match="feature_group_count"):
         jnnx.WeightNormConv(4, 3, (3, 3), feature_group_count=2, rngs=nnx.Rngs(0))
 

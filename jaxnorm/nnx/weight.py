@@ -72,7 +72,14 @@ class _Dense(nnx.Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
 
+    def _check_input(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x must have in_features={self.in_features} on its last axis, got x.shape={x.shape}"
+            )
+
     def _linear(self, x, kernel, bias=None):
+        self._check_input(x)
         return linear.apply_linear(x, kernel, bias, conv=False, dtype=self.dtype)
 
     def __call__(self, x):
@@ -105,12 +112,16 @@ class _Conv(_Dense):
         self.dtype = dtype
         self.param_dtype = param_dtype
 
-    def _linear(self, x, kernel, bias=None):
+    def _check_input(self, x):
         if x.ndim != len(self.kernel_size) + 2:
             raise ValueError(
                 f"x must be (batch, *spatial, features) with {len(self.kernel_size)} spatial axes for "
                 f"kernel_size={self.kernel_size}, got x.shape={x.shape}"
             )
+        super()._check_input(x)
+
+    def _linear(self, x, kernel, bias=None):
+        self._check_input(x)
         return linear.apply_linear(
             x, kernel, bias, conv=True, strides=self.strides, padding=self.padding,
             input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
