@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -156,3 +161,46 @@ def test_errors():
     tx = record_norms(3)
     with pytest.raises(ValueError, match="params"):
         tx.update(params, tx.init(params))
+
+
+_SHARDED_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jaxnorm.optim.mimicry import record_norms, wd_mimicry
+    assert jax.device_count() == 8
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(6, 16)), jnp.float32)}
+    grads = [{"w": jnp.asarray(rng.normal(size=(6, 16)), jnp.float32)} for _ in range(4)]
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+
+    def run(tx, p):
+        s = tx.init(p)
+        step = jax.jit(lambda p, s, g: tx.update(g, s, p))
+        for g in grads:
+            u, s = step(p, s, g)
+            p = optax.apply_updates(p, u)
+        return p, s
+
+    sharded = {"w": jax.device_put(params["w"], NamedSharding(mesh, P(None, "d")))}
+    recorder = optax.chain(record_norms(4), optax.add_decayed_weights(0.1), optax.sgd(0.1))
+    _, state = run(recorder, params)
+    _, state_sharded = run(recorder, sharded)
+    np.testing.assert_allclose(state_sharded[0].norms["w"], state[0].norms["w"], rtol=1e-6)
+    mimic = optax.chain(optax.sgd(0.1), wd_mimicry(state[0].norms))
+    single, _ = run(mimic, params)
+    out, _ = run(mimic, sharded)
+    assert len(out["w"].sharding.device_set) == 8
+    np.testing.assert_allclose(out["w"], single["w"], rtol=1e-5, atol=1e-6)
+    print("OK")
+    """
+)
+
+
+def test_sharded_params_match_single_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
