@@ -123,6 +123,18 @@ def test_layer_modules_equal_flax(name, kwargs, masked):
     assert jax.tree.structure(nnx.state(ours)) == jax.tree.structure(nnx.state(theirs))
 
 
+@pytest.mark.parametrize("name", ["BatchNorm", "LayerNorm", "GroupNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
+def test_bf16_inputs_give_flax_dtypes_and_values(name, dtype):
+    x = _normal(3, SHAPE, loc=2.0, scale=1.5).astype(jnp.bfloat16)
+    kwargs = dict(dtype=dtype, **({"num_groups": 4} if name == "GroupNorm" else {}))
+    ours = getattr(jnnx, name)(8, rngs=nnx.Rngs(0), **kwargs)
+    theirs = getattr(nnx, name)(8, rngs=nnx.Rngs(0), **kwargs)
+    y, y_flax = ours(x), theirs(x)
+    assert y.dtype == y_flax.dtype == (dtype or jnp.float32)
+    _close(y.astype(jnp.float32), y_flax.astype(jnp.float32), 1e-2, 1e-2)
+
+
 def test_group_norm_reduction_axes_match_numpy_and_linen():
     """flax.nnx 0.12's GroupNorm mis-broadcasts custom ``reduction_axes`` (it disagrees with this oracle
     and with flax.linen), so jaxnorm follows flax.linen there."""
@@ -423,8 +435,11 @@ def test_bf16_inputs_keep_float32_statistics():
     bn = jnnx.BatchNorm(6, epsilon=1e-10, rngs=nnx.Rngs(0))
     y = bn(x)
     _close(jnp.std(y, axis=(0, 1, 2)), np.ones(6), rtol=1e-2)
-    y16 = jnnx.BatchNorm(6, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))(x.astype(jnp.bfloat16))
+    bn16 = jnnx.BatchNorm(6, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    y16 = bn16(x.astype(jnp.bfloat16))
+    # the input dtype (flax.nnx promotes with its float32 running statistics and returns float32)
     assert y16.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y16)))
+    assert bn16.var.dtype == jnp.float32
     assert bn.var.dtype == jnp.float32
 
 
