@@ -51,6 +51,23 @@ class CNN(nn.Module):
         return nn.Dense(3, param_dtype=self.dtype)(x)
 
 
+class VGG(nn.Module):
+    """VGG-style stack without BN: conv-conv-maxpool blocks, flatten, two dense layers."""
+
+    widths: Sequence[int] = (4, 6)
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        for w in self.widths:
+            for _ in range(2):
+                x = nn.relu(nn.Conv(w, (3, 3), param_dtype=self.dtype)(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(8, param_dtype=self.dtype)(x))
+        return nn.Dense(3, param_dtype=self.dtype)(x)
+
+
 class ResNetC(nn.Module):
     """ResNet with type-C (learned 1x1 conv) shortcuts and no normalization (paper Sec. 4.3)."""
 
@@ -83,7 +100,7 @@ class ResNetId(nn.Module):
     dtype: Dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, train: bool = False):
         def conv(f, k, s=1, name=None):
             return nn.Conv(f, (k, k), strides=(s, s), use_bias=not self.bn,
                            param_dtype=self.dtype, name=name)
@@ -91,7 +108,7 @@ class ResNetId(nn.Module):
         def norm(h, name):
             if not self.bn:
                 return h
-            return nn.BatchNorm(use_running_average=True, param_dtype=self.dtype, name=name)(h)
+            return nn.BatchNorm(use_running_average=not train, param_dtype=self.dtype, name=name)(h)
 
         x = nn.relu(norm(conv(self.stages[0], 3, name="stem")(x), "stem_bn"))
         for i, width in enumerate(self.stages):

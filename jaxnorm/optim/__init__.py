@@ -2,6 +2,7 @@
 
 from jaxnorm.optim.enorm import EnormState as EnormState
 from jaxnorm.optim.enorm import enorm as enorm
+from jaxnorm.optim.masks import scale_invariant_mask as scale_invariant_mask
 from jaxnorm.optim.mimicry import NormRecordState as NormRecordState
 from jaxnorm.optim.mimicry import WDMimicryState as WDMimicryState
 from jaxnorm.optim.mimicry import record_norms as record_norms
