@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxnorm.optim.projection import bwn_projection, norm_schedule
 
@@ -201,6 +203,30 @@ def test_inject_hyperparams_and_masked():
     updates, _ = masked.update(grads, masked.init(params), params)
     np.testing.assert_array_equal(updates["dense"], grads["dense"])
     np.testing.assert_allclose(_np_unit_norm(optax.apply_updates(params, updates)["conv"]), 3.0, rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.sampled_from([(3, 2), (2, 2, 3, 4), (7, 1)]),
+    log_scale=st.floats(-4, 4),
+    log_rho=st.floats(-2, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_projection_keeps_direction_and_sets_norm(shape, log_scale, log_rho, seed):
+    rng = np.random.default_rng(seed)
+    p = jnp.asarray(rng.normal(size=shape) * 10.0**log_scale, jnp.float32)
+    u = jnp.asarray(rng.normal(size=shape) * 10.0**log_scale, jnp.float32)
+    tx = norm_schedule(10.0**log_rho)
+    updates, _ = tx.update({"w": u}, tx.init({"w": p}), {"w": p})
+    new = np.asarray(p + updates["w"], np.float64)
+    # P(p + u) - p added back to p: exact up to the float32 rounding of p (optax's projection form)
+    tolerance = 1e-5 * 10.0**log_rho + 4e-7 * _np_unit_norm(p)
+    assert np.all(np.abs(_np_unit_norm(new) - 10.0**log_rho) <= tolerance)
+    target = np.asarray(p + u, np.float64)
+    cosine = np.sum(new * target, axis=tuple(range(len(shape) - 1))) / (
+        _np_unit_norm(new) * _np_unit_norm(target)
+    )
+    np.testing.assert_allclose(cosine, 1.0, rtol=1e-5)
 
 
 def test_zero_unit_stays_finite():
