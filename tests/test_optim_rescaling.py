@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxnorm.optim.masks import scale_invariant_mask
 from jaxnorm.optim.rescaling import unit_multiplier, weight_rescaling
 from jaxnorm.optim.state import rescale_state
 
@@ -189,8 +190,12 @@ def test_bn_network_function_unchanged_by_rescaling_step(x64):
         "BatchNorm_0": {"scale": False, "bias": False},
         "BatchNorm_1": {"scale": False, "bias": False},
     }
+    traced = scale_invariant_mask(
+        lambda v, x: model.apply(v, x, mutable=["batch_stats"])[0], {**variables, "params": params}, x
+    )
+    assert traced == scale_invariant  # the jaxpr tracer finds the kernels followed by BN
     zeros = jax.tree.map(jnp.zeros_like, params)
-    tx = weight_rescaling(1, mask=scale_invariant)
+    tx = weight_rescaling(1, mask=traced)
     updates, _ = tx.update(zeros, tx.init(params), params)
     rescaled = optax.apply_updates(params, updates)
     np.testing.assert_allclose(_np_unit_norm(np.asarray(rescaled["Dense_0"]["kernel"])), 1.0)
