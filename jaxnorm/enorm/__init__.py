@@ -2,14 +2,18 @@
 
 from jaxnorm.enorm.balance import enorm_balance, multipliers, objective
 from jaxnorm.enorm.discover import discover, scale_invariant_kernels
+from jaxnorm.enorm.implicit import apply_log_scales, implicit_penalty, init_log_scales
 from jaxnorm.enorm.spec import Junction, Spec, chain
 
 __all__ = [
     "Junction",
     "Spec",
+    "apply_log_scales",
     "chain",
     "discover",
     "enorm_balance",
+    "implicit_penalty",
+    "init_log_scales",
     "multipliers",
     "objective",
     "scale_invariant_kernels",
