@@ -334,6 +334,15 @@ def test_g_init_norm_equals_plain_layer_at_init(ours, plain):
     _close(layer(x), reference(x), 1e-6, 1e-6)
 
 
+@pytest.mark.parametrize("shape", [(7, 7, 4), (2, 3, 7, 7, 4)])
+def test_conv_batch_axes_as_nnx_conv(shape):
+    layer, reference = (cls(4, 6, (3, 3), rngs=nnx.Rngs(3)) for cls in (jnnx.WeightNormConv, nnx.Conv))
+    x = _normal(2, shape)
+    y = layer(x)
+    assert y.shape == reference(x).shape == (*shape[:-1], 6)
+    _close(y, reference(x), 1e-6, 1e-6)
+
+
 def test_g_init_ones_is_flax_convention():
     layer = jnnx.WeightNormDense(10, 6, g_init="ones", rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(layer.scale[...], np.ones(6))
@@ -523,7 +532,7 @@ def test_bad_input_raises_clear_errors():
     with pytest.raises(ValueError, match="data_init"):
         jnnx.WeightNormDense(4, 3, g_init="data", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel_size"):
-        jnnx.WSConv(4, 3, 3, rngs=nnx.Rngs(0))(jnp.ones((2, 5, 5, 4)))
+        jnnx.WSConv(4, 3, (3, 3, 3), rngs=nnx.Rngs(0))(jnp.ones((5, 5, 4)))
     with pytest.raises(ValueError, match="in_features=4"):
         jnnx.WeightNormDense(4, 3, rngs=nnx.Rngs(0))(jnp.ones((2, 5)))
     with pytest.raises(ValueError, match="in_features=4"):

@@ -112,21 +112,22 @@ class _Conv(_Dense):
         self.dtype = dtype
         self.param_dtype = param_dtype
 
-    def _check_input(self, x):
-        if x.ndim != len(self.kernel_size) + 2:
+    def _linear(self, x, kernel, bias=None):
+        """The convolution; like ``nnx.Conv``, ``x`` may have no batch axis or several (flattened here)."""
+        rank = len(self.kernel_size)
+        if x.ndim < rank + 1:
             raise ValueError(
-                f"x must be (batch, *spatial, features) with {len(self.kernel_size)} spatial axes for "
+                f"x must be ([*batch], *spatial, features) with {rank} spatial axes for "
                 f"kernel_size={self.kernel_size}, got x.shape={x.shape}"
             )
-        super()._check_input(x)
-
-    def _linear(self, x, kernel, bias=None):
         self._check_input(x)
-        return linear.apply_linear(
-            x, kernel, bias, conv=True, strides=self.strides, padding=self.padding,
-            input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
+        batch_shape = x.shape[: x.ndim - rank - 1]
+        y = linear.apply_linear(
+            x.reshape(-1, *x.shape[x.ndim - rank - 1 :]), kernel, bias, conv=True, strides=self.strides,
+            padding=self.padding, input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
             feature_group_count=self.feature_group_count, dtype=self.dtype,
         )
+        return y.reshape(*batch_shape, *y.shape[1:])
 
 
 class _WeightNorm:
