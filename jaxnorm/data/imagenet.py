@@ -65,8 +65,8 @@ class ImageNetDataset(Dataset):
         self.prefetch_size, self.shuffle_buffer = prefetch_size, shuffle_buffer
         self.global_batch_size = batch_size
         self.batch_size = batch_size // process_count
-        self.num_examples = self.builder.info.splits[split].num_examples
-        local_examples = self.builder.info.splits[self.split].num_examples
+        self.num_examples = self._count(split)
+        local_examples = self._count(self.split)
         if drop_remainder:
             self.steps_per_epoch = local_examples // self.batch_size
         else:
@@ -75,6 +75,13 @@ class ImageNetDataset(Dataset):
             raise ValueError(
                 f"batch_size={batch_size} exceeds the {self.num_examples} examples of the split")
         self.image_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
+
+    def _count(self, split: str) -> int:
+        """Examples in ``split`` (the dataset's known cardinality)."""
+        count = int(tfds_io.as_dataset(self.builder, split).cardinality())
+        if count < 0:
+            raise ValueError(f"imagenet2012 split {split!r} has an unknown size")
+        return count
 
     def _dataset(self, epoch: int):
         tf = self.tf

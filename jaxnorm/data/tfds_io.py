@@ -54,10 +54,14 @@ def read_arrays(name: str, split: str, data_dir: Path) -> tuple[np.ndarray, np.n
     in TFDS's stored order. Cached: small datasets are read once per process."""
     import tensorflow_datasets as tfds
 
-    ds = as_dataset(builder(name, data_dir), split, shuffle_files=False, batch_size=-1)
-    data = tfds.as_numpy(ds)
-    images = np.asarray(data["image"], dtype=np.uint8)
-    labels = np.asarray(data["label"], dtype=np.int32)
+    tf = tensorflow()
+    ds = as_dataset(builder(name, data_dir), split, shuffle_files=False)
+    ds = ds.batch(8192).prefetch(tf.data.AUTOTUNE)
+    chunks = list(tfds.as_numpy(ds))
+    if not chunks:
+        raise ValueError(f"split {split!r} of {name} is empty")
+    images = np.concatenate([c["image"] for c in chunks]).astype(np.uint8, copy=False)
+    labels = np.concatenate([c["label"] for c in chunks]).astype(np.int32, copy=False)
     images.setflags(write=False)
     labels.setflags(write=False)
     return images, labels

@@ -1,0 +1,244 @@
+"""Data: augmentations against brute-force oracles, pipelines on tfds mock data, real Fashion-MNIST."""
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from jaxnorm import data  # noqa: E402
+from jaxnorm.data import augment, fashion_mnist, tfds_io  # noqa: E402
+
+FASHION_SOURCE = Path(fashion_mnist.DEFAULT_SOURCE_DIR)
+
+
+@pytest.fixture(autouse=True)
+def fresh_array_cache():
+    """Mock data and real data share cache keys: start and end every test with an empty cache."""
+    tfds_io.read_arrays.cache_clear()
+    yield
+    tfds_io.read_arrays.cache_clear()
+
+
+def mock(num_examples):
+    return tfds.testing.mock_data(num_examples=num_examples)
+
+
+def epochs_equal(a, b):
+    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+# ---------------------------------------------------------------- augmentations (pure NumPy)
+
+def test_random_crop_is_a_window_of_the_padded_image():
+    rng = np.random.default_rng(0)
+    images = rng.integers(1, 256, size=(16, 6, 5, 2), dtype=np.uint8)  # no zeros: padding shows
+    crops = augment.random_crop(images, np.random.default_rng(1), size=4, padding=2)
+    assert crops.shape == (16, 4, 4, 2) and crops.dtype == np.uint8
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    offsets = set()
+    for b in range(16):  # brute force: the crop equals exactly one window
+        hits = [(i, j) for i in range(10 - 4 + 1) for j in range(9 - 4 + 1)
+                if np.array_equal(padded[b, i:i + 4, j:j + 4], crops[b])]
+        assert hits
+        offsets.add(hits[0])
+    assert len(offsets) > 4  # offsets vary across the batch
+
+
+def test_random_flip_mirrors_about_half():
+    images = np.arange(200 * 3 * 4).reshape(200, 3, 4, 1).astype(np.uint8)
+    out = augment.random_flip(images, np.random.default_rng(0))
+    flipped = np.array([np.array_equal(o, i[:, ::-1]) for o, i in zip(out, images, strict=True)])
+    kept = np.array([np.array_equal(o, i) for o, i in zip(out, images, strict=True)])
+    assert np.all(flipped ^ kept)
+    assert 70 < flipped.sum() < 130
+
+
+def test_center_crop_and_augment_shapes():
+    images = np.zeros((3, 32, 32, 3), np.uint8)
+    images[:, 2:30, 2:30] = 1
+    assert np.all(augment.center_crop(images, 28) == 1)
+    rng = np.random.default_rng(0)
+    assert augment.apply("crop_flip", images, rng, train=True).shape == (3, 32, 32, 3)
+    assert augment.apply("cifar_nv_crop", images, rng, train=True).shape == (3, 28, 28, 3)
+    assert augment.apply("cifar_nv_crop", images, rng, train=False).shape == (3, 28, 28, 3)
+    assert augment.apply("crop_flip", images, rng, train=False) is images
+    with pytest.raises(ValueError, match="size"):
+        augment.random_crop(images, rng, size=40, padding=2)
+    with pytest.raises(ValueError, match="augment"):
+        augment.apply("mixup", images, rng, train=True)
+
+
+def test_standardize_matches_float64():
+    images = np.random.default_rng(0).integers(0, 256, size=(4, 3, 3, 3), dtype=np.uint8)
+    mean, std = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.25, 0.3])
+    expected = (images.astype(np.float64) / 255 - mean) / std
+    out = data.standardize(images, mean.astype(np.float32), std.astype(np.float32))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- catalog and errors
+
+def test_info():
+    assert set(data.names()) == {"fashion_mnist", "mnist", "cifar10", "cifar100", "imagenet2012"}
+    assert data.info("cifar100") == data.DatasetInfo(
+        100, (32, 32, 3), "train", "test", 50_000, 10_000)
+    assert data.info("imagenet2012").eval_split == "validation"
+    with pytest.raises(ValueError, match="cifar10"):
+        data.info("svhn")
+
+
+def test_data_dir_option_and_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path))
+    assert data.resolve_data_dir() == tmp_path
+    assert data.resolve_data_dir("/x/y") == Path("/x/y")
+    monkeypatch.delenv(data.DATA_DIR_ENV)
+    assert data.resolve_data_dir() == Path("~/tensorflow_datasets").expanduser()
+
+
+def test_missing_dataset_names_the_download(tmp_path):
+    with pytest.raises(data.DatasetNotFoundError, match="download_and_prepare"):
+        data.load("cifar10", "train", batch_size=8, train=True, data_dir=tmp_path)
+
+
+def test_missing_fashion_mnist_files_name_the_apt_package(tmp_path):
+    with pytest.raises(data.DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        data.prepare_fashion_mnist(tmp_path / "tfds", source_dir=tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(name="svhn"), "name"),
+    (dict(augment="mixup"), "augment"),
+    (dict(augment="inception_crop_flip"), "augment"),
+    (dict(batch_size=10, process_count=4, process_index=0), "batch_size"),
+    (dict(process_index=2, process_count=2), "process_index"),
+])
+def test_bad_load_arguments(kwargs, match):
+    args = dict(name="cifar10", split="train", batch_size=8, train=True) | kwargs
+    with pytest.raises(ValueError, match=match):
+        data.load(**args)
+
+
+# ---------------------------------------------------------------- pipelines on mock data
+
+def test_cifar10_pipeline_on_mock_data():
+    with mock(96):
+        ds = data.load("cifar10", "train", batch_size=32, train=True, seed=3, prefetch_size=0)
+        first, second = list(ds), list(ds)  # iterating twice gives epochs 0 and 1
+        again = list(data.load("cifar10", "train", batch_size=32, train=True, seed=3))
+        other_seed = list(data.load("cifar10", "train", batch_size=32, train=True, seed=4))
+    assert ds.num_examples == 96 and ds.steps_per_epoch == 3 == len(first)
+    batch = first[0]
+    assert set(batch) == {"image", "label"}
+    assert batch["image"].shape == (32, 32, 32, 3) and batch["image"].dtype == np.float32
+    assert batch["label"].shape == (32,) and batch["label"].dtype == np.int32
+    assert epochs_equal(first, again)  # deterministic given the seed
+    assert not epochs_equal(first, second)  # a new shuffle and new crops each epoch
+    assert not epochs_equal(first, other_seed)
+    assert np.isfinite(batch["image"]).all()
+
+
+def test_resuming_mid_epoch_gives_the_same_batches():
+    with mock(96):
+        ds = data.load("cifar10", "train", batch_size=16, train=True, seed=1)
+        full = list(ds.epoch(2))
+        tail = list(ds.epoch(2, start=4))
+    assert epochs_equal(full[4:], tail)
+
+
+def test_processes_split_every_global_batch():
+    with mock(64):
+        single = list(data.load("cifar100", "train", batch_size=16, train=True, seed=5,
+                                process_index=0, process_count=1))
+        parts = [list(data.load("cifar100", "train", batch_size=16, train=True, seed=5,
+                                process_index=i, process_count=2)) for i in range(2)]
+    for whole, a, b in zip(single, *parts, strict=True):
+        assert a["image"].shape[0] == 8
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), whole[key])
+
+
+def test_cifar_nv_crops_and_eval_padding():
+    with mock(50):
+        train = data.load("cifar10", "train", batch_size=10, train=True, augment="cifar_nv_crop")
+        test = data.load("cifar10", "test", batch_size=16, train=False, augment="cifar_nv_crop",
+                         drop_remainder=False)
+        test_batches = list(test)
+        test_again = list(test)
+        plain = data.load("cifar10", "test", batch_size=10, train=False)
+    assert next(iter(train))["image"].shape == (10, 28, 28, 3)
+    assert train.image_shape == (28, 28, 3)
+    assert len(test_batches) == 4 and test_batches[0]["image"].shape == (16, 28, 28, 3)
+    assert sum(b["mask"].sum() for b in test_batches) == 50
+    assert test_batches[-1]["mask"].tolist() == [1.0] * 2 + [0.0] * 14
+    assert epochs_equal(test_batches, test_again)  # evaluation is not shuffled or augmented
+    assert plain.image_shape == (32, 32, 3)
+
+
+def test_validation_split_is_carved_from_train():
+    assert data.pipeline.tfds_split("cifar10", "validation") == "train[-10000:]"
+    assert data.pipeline.tfds_split("cifar10", "train_minus_validation") == "train[:-10000]"
+    assert data.pipeline.tfds_split("mnist", "test") == "test"
+    assert data.pipeline.tfds_split("imagenet2012", "validation") == "validation"
+    with pytest.raises(ValueError, match="validation"):
+        data.pipeline.tfds_split("imagenet2012", "train_minus_validation")
+
+
+def test_imagenet_pipeline_on_mock_data():
+    with mock(12):
+        ds = data.load("imagenet2012", "train", batch_size=4, train=True, seed=0)
+        first = list(ds.epoch(0))
+        again = list(ds.epoch(0))
+        second = list(ds.epoch(1))
+        evaluation = list(data.load("imagenet2012", "validation", batch_size=8, train=False,
+                                    drop_remainder=False))
+    assert len(first) == 3
+    assert first[0]["image"].shape == (4, 224, 224, 3) and first[0]["image"].dtype == np.float32
+    assert first[0]["label"].dtype == np.int32
+    assert epochs_equal(first, again)
+    assert not epochs_equal(first, second)
+    assert [b["mask"].sum() for b in evaluation] == [8, 4]
+
+
+# ---------------------------------------------------------------- real Fashion-MNIST (offline)
+
+needs_fashion = pytest.mark.skipif(
+    not FASHION_SOURCE.is_dir(), reason="apt-get install dataset-fashion-mnist")
+
+
+@needs_fashion
+def test_recorded_checksums_are_the_installed_files():
+    for name, (size, sha256) in fashion_mnist.DEBIAN_CHECKSUMS.items():
+        content = (FASHION_SOURCE / name).read_bytes()
+        assert len(content) == size
+        assert hashlib.sha256(content).hexdigest() == sha256
+
+
+@pytest.fixture(scope="module")
+def fashion_dir(tmp_path_factory):
+    if not FASHION_SOURCE.is_dir():
+        pytest.skip("apt-get install dataset-fashion-mnist")
+    return tmp_path_factory.mktemp("tfds")
+
+
+@needs_fashion
+def test_real_fashion_mnist_is_prepared_offline_and_loads(fashion_dir):
+    ds = data.load("fashion_mnist", "train", batch_size=500, train=True, data_dir=fashion_dir)
+    assert (fashion_dir / "fashion_mnist").is_dir()
+    assert not (fashion_dir / "downloads").exists()  # extracted files went to a scratch dir
+    assert ds.num_examples == 60_000 and ds.steps_per_epoch == 120
+    labels = np.concatenate([b["label"] for b in ds])
+    assert np.bincount(labels).tolist() == [6000] * 10  # each label once per epoch
+    images = np.concatenate([b["image"] for b in ds.epoch(0)])
+    assert images.shape == (60_000, 28, 28, 1)
+    # The recorded per-channel statistics standardise the training set.
+    assert abs(images.mean()) < 1e-3 and abs(images.std() - 1) < 1e-3
+    builder = tfds.builder("fashion_mnist", data_dir=str(fashion_dir))
+    assert builder.info.splits["test"].num_examples == 10_000
+    validation = data.load("fashion_mnist", "validation", batch_size=1000, train=False,
+                           data_dir=fashion_dir)
+    assert validation.num_examples == 10_000
+    assert data.prepare_fashion_mnist(fashion_dir) == fashion_dir  # idempotent
