@@ -58,7 +58,7 @@ def _leaves_equal(a, b):
 
 def test_loop_learns_and_writes_metrics_and_plots(tmp_path):
     train_src, eval_src = _sources()
-    config = {**CONFIG, "num_steps": 40, "checkpoint_every": 0, "tensorboard": True}
+    config = {**CONFIG, "num_steps": 40, "checkpoint_every": 0, "tensorboard": True, "log_grad_norm": True}
     result = train(config, model=Net(), train_data=train_src, eval_data=eval_src, workdir=str(tmp_path))
     assert result.summary["eval_accuracy"] > 0.9
     assert not result.preempted

@@ -60,7 +60,7 @@ def test_sgd_step_matches_numpy_oracle(x64):
     state = create_train_state(model.init, tx, jax.random.PRNGKey(0), jnp.asarray(x))
     w = np.asarray(state.params["Dense_0"]["kernel"])
     b = np.asarray(state.params["Dense_0"]["bias"])
-    step = jax.jit(make_train_step(model.apply, tx, schedule=optax.constant_schedule(0.3)))
+    step = jax.jit(make_train_step(model.apply, tx, schedule=optax.constant_schedule(0.3), grad_norm=True))
     new, metrics = step(state, {"image": jnp.asarray(x), "label": jnp.asarray(y)})
     loss, gw, gb = _softmax_xent_grad(w, b, x, y)
     np.testing.assert_allclose(new.params["Dense_0"]["kernel"], w - 0.3 * gw, rtol=1e-12)

@@ -9,8 +9,8 @@ the host never waits on each step), evaluates with the running statistics, saves
 
 Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_steps`` (or
 ``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
-each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``progress``, ``tensorboard``,
-``plots``.
+each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``log_grad_norm``,
+``progress``, ``tensorboard``, ``plots``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class RunResult(NamedTuple):
       history: every metrics record of the run (train records per step, eval records).
       summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch or last
         ``log_every`` steps), ``eval_loss``, ``eval_accuracy``, ``best_eval_accuracy``, ``steps``,
-        ``seconds``, ``images_per_second``.
+        ``seconds`` (wall time of the step loop, this session), ``images_per_second`` (training
+        throughput after the first, compiling step; evaluation and checkpoint writing excluded).
       preempted: the run stopped early on SIGTERM / preemption (a checkpoint was saved).
     """
 
@@ -68,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
             "checkpoint_every": 0,
             "max_to_keep": 2,
             "weight_norms": True,
+            "log_grad_norm": False,
             "progress": True,
             "tensorboard": False,
             "plots": True,
@@ -172,6 +174,7 @@ def train(
             accumulate_steps=accumulate,
             precision=cfg.precision,
             axis_name=parallel.axis_name,
+            grad_norm=cfg.log_grad_norm,
         )
     )
     eval_fn = parallel.compile_eval_step(
@@ -199,12 +202,21 @@ def train(
         pending.clear()
 
     bar = progress_bar(total=steps, initial=start, enabled=cfg.progress and primary)
-    t0, images = time.perf_counter(), 0
+    if cfg.weight_norms:  # compile the norm summary now, not inside the timed steps
+        weight_norm_metrics(parallel.unreplicate(state.params), 0.0)
+    # Throughput clock: from the end of the first step (which compiles) to the end, minus
+    # evaluation and checkpoint writing.
+    t_start = time.perf_counter()
+    timed_from, timed_images, excluded_seconds = t_start, 0, 0.0
     batches = _batches(train_data, start)
     with StopSignal() as stop:
         for step in range(start, steps):
             state, metrics = step_fn(state, parallel.shard_batch(next(batches)))
-            images += train_data.global_batch_size
+            if step == start:
+                jax.block_until_ready(metrics)
+                timed_from = time.perf_counter()
+            else:
+                timed_images += train_data.global_batch_size
             s = step + 1
             pending.append((s, metrics))
             if s % cfg.log_every == 0 or s == steps:
@@ -214,15 +226,19 @@ def train(
             if eval_data is not None and (s % eval_every == 0 or s == steps):
                 if pending:
                     flush(state)
+                t_eval = time.perf_counter()
                 result = evaluate(parallel, eval_fn, state, eval_data)
+                excluded_seconds += time.perf_counter() - t_eval
                 writer.write(s, result, split="eval")
                 history.append({"step": s, "split": "eval", **result})
             if bar is not None:
                 bar.update(1)
             if ckpt is not None:
-                ckpt.maybe_save(s, parallel.unreplicate(state), force=s == steps)
-                if stop.requested or ckpt.reached_preemption(s):
-                    ckpt.maybe_save(s, parallel.unreplicate(state), force=True)
+                t_save = time.perf_counter()
+                stopping = stop.requested or ckpt.reached_preemption(s)
+                ckpt.maybe_save(s, parallel.unreplicate(state), force=stopping or s == steps)
+                excluded_seconds += time.perf_counter() - t_save
+                if stopping:
                     preempted = s < steps
                     break
             elif stop.requested:
@@ -231,30 +247,27 @@ def train(
     if pending:
         flush(state)
     jax.block_until_ready(state)
-    seconds = time.perf_counter() - t0
+    t_end = time.perf_counter()
+    train_seconds = t_end - timed_from - excluded_seconds
     if bar is not None:
         bar.close()
     if ckpt is not None:
         ckpt.wait()
         ckpt.close()
     writer.close()
-    summary = _summary(history, train_data.steps_per_epoch, cfg.log_every, seconds, images)
+    summary = _summary(history, train_data.steps_per_epoch, cfg.log_every)
+    summary["seconds"] = t_end - t_start
+    summary["images_per_second"] = timed_images / train_seconds if timed_images else 0.0
     if workdir is not None and cfg.plots and primary and not preempted:
         plots.plot_run(history, workdir)
     return RunResult(parallel.to_host(state), history, summary, preempted)
 
 
-def _summary(
-    history: list[dict[str, Any]], steps_per_epoch: int, log_every: int, seconds: float, images: int
-) -> dict[str, float]:
+def _summary(history: list[dict[str, Any]], steps_per_epoch: int, log_every: int) -> dict[str, float]:
     train = [r for r in history if r["split"] == "train"]
     evals = [r for r in history if r["split"] == "eval"]
     last = train[-max(steps_per_epoch, min(log_every, len(train))) :]
-    summary = {
-        "steps": float(train[-1]["step"]) if train else 0.0,
-        "seconds": seconds,
-        "images_per_second": images / seconds if seconds > 0 else 0.0,
-    }
+    summary = {"steps": float(train[-1]["step"]) if train else 0.0}
     if last:
         summary["train_loss"] = float(np.mean([r["loss"] for r in last]))
         summary["train_accuracy"] = float(np.mean([r["accuracy"] for r in last]))

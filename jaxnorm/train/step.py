@@ -50,6 +50,7 @@ def make_train_step(
     accumulate_steps: int = 1,
     precision: str = "float32",
     axis_name: str | None = None,
+    grad_norm: bool = False,
 ) -> StepFn:
     """Returns ``train_step(state, batch) -> (new_state, metrics)``.
 
@@ -62,8 +63,11 @@ def make_train_step(
         copy used in the forward pass; master params, optimizer state and BN statistics stay float32.
         ``float16`` scales the loss dynamically and skips updates whose gradients overflow.
       axis_name: the pmap axis name, or ``None`` under jit.
+      grad_norm: also report the global gradient norm (off by default: on a small model on CPU
+        the extra reduction costs about 5 % of the step).
 
-    Metrics: ``loss``, ``accuracy``, ``grad_norm`` (of the unscaled gradient), ``lr``, ``loss_scale``.
+    Metrics: ``loss``, ``accuracy``, ``lr`` (with ``schedule``), ``grad_norm`` (if asked; of the
+    unscaled gradient), ``loss_scale`` (float16 only).
     """
     dtype = compute_dtype(precision)
     scaled = precision == "float16"
@@ -78,7 +82,7 @@ def make_train_step(
         logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
         loss = cross_entropy(logits, batch["label"]).mean()
         accuracy = (jnp.argmax(logits, -1) == batch["label"]).mean()
-        return loss * scale, (loss, accuracy, new_model_state)
+        return (loss * scale if scaled else loss), (loss, accuracy, new_model_state)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         rng = jax.random.fold_in(state.rng, state.step)
@@ -110,12 +114,11 @@ def make_train_step(
             opt_state = keep(opt_state, state.opt_state)
             new_model_state = keep(new_model_state, state.model_state)
             loss_scale = adjust_loss_scale(loss_scale, finite)
-        metrics = {
-            "loss": loss,
-            "accuracy": accuracy,
-            "grad_norm": optax.tree.norm(grads),
-            "loss_scale": state.loss_scale.scale,
-        }
+        metrics = {"loss": loss, "accuracy": accuracy}
+        if grad_norm:
+            metrics["grad_norm"] = optax.tree.norm(grads)
+        if scaled:
+            metrics["loss_scale"] = state.loss_scale.scale
         metrics = _pmean(metrics, axis_name)
         if schedule is not None:
             metrics["lr"] = jnp.asarray(schedule(state.step // accumulate_steps), jnp.float32)
