@@ -14,4 +14,5 @@ from jaxnorm.optim.projection import bwn_projection as bwn_projection
 from jaxnorm.optim.projection import norm_schedule as norm_schedule
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
-from jaxnorm.optim.state import register_state_rule, rescale_state
+from jaxnorm.optim.state import register_state_rule as register_state_rule
+from jaxnorm.optim.state import rescale_state as rescale_state
