@@ -27,15 +27,17 @@ def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int,
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     top = rng.integers(0, h + 2 * padding - size + 1, size=b)
     left = rng.integers(0, w + 2 * padding - size + 1, size=b)
-    rows = top[:, None] + np.arange(size)
-    cols = left[:, None] + np.arange(size)
-    return padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+    # A strided view of every window, (B, H', W', C, size, size): one gather picks each crop.
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (size, size), axis=(1, 2))
+    return np.moveaxis(windows[np.arange(b), top, left], 1, -1)
 
 
 def random_flip(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Mirror each example horizontally with probability 1/2."""
     flip = rng.random(images.shape[0]) < 0.5
-    return np.where(flip[:, None, None, None], images[:, :, ::-1], images)
+    out = images.copy()
+    out[flip] = images[flip, :, ::-1]
+    return out
 
 
 def center_crop(images: np.ndarray, size: int) -> np.ndarray:

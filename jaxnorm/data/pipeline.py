@@ -26,8 +26,10 @@ Batch = dict[str, np.ndarray]
 
 def standardize(images: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """uint8 -> float32 ``(x / 255 - mean) / std`` per channel."""
-    scale = np.float32(1 / 255) / std
-    return images.astype(np.float32) * scale - (mean / std).astype(np.float32)
+    out = images.astype(np.float32)
+    out *= np.float32(1 / 255) / std
+    out -= (mean / std).astype(np.float32)
+    return out
 
 
 class Dataset(abc.ABC):
