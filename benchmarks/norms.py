@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/norms.py [--quick] [--shapes 128x32x32x64,64x16x16x256] [--dtypes float32,bfloat16]
+                               [--clock wall|cpu] [--malloc reuse|default] [--repeats N]
 
 For every shape, dtype and layer, three jitted candidates are timed in alternation (``_timing.py``):
 the jaxnorm module, its flax.linen equivalent, and a copy of the input (``x + zero`` with ``zero`` a
@@ -11,7 +12,8 @@ Two passes: *fwd* (``module.apply``; batch norm in training mode, returning the 
 *fwd+bwd* (``jax.grad`` of ``sum(y * cotangent)`` with respect to the params and ``x``, plus the new
 ``batch_stats``). Modules are built with ``dtype`` equal to the input's, so bf16 in gives bf16 out
 (statistics in float32 in both libraries). Ratios are medians of per-repeat ratios; the targets of
-issue 2 are checked and marked PASS / FAIL. The output is a Markdown table.
+issue 2 are checked and marked PASS / FAIL. The output is a Markdown table. ``--clock cpu`` and
+``--malloc`` are explained in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
