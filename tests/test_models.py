@@ -273,3 +273,28 @@ def test_bad_wrn_depth():
     model = models.create("wrn28_10", num_classes=10, depth=12)
     with pytest.raises(ValueError, match="depth"):
         model.init(KEY, jnp.ones((1, 8, 8, 3)), train=False)
+
+
+def test_scaled_weight_norm_gains():
+    """Arpit et al. (2019): gain 2 before ReLU, 1 for linear layers, 1/N ending a residual branch."""
+    import flax.linen as nn
+
+    from jaxnorm import nn as jnn
+
+    gains = {}
+
+    def record(next_fun, args, kwargs, context):
+        module = context.module
+        if isinstance(module, jnn.ScaledWeightNormConv | jnn.ScaledWeightNormDense):
+            gains["/".join(module.scope.path)] = module.gain
+        return next_fun(*args, **kwargs)
+
+    model = models.create("resnet56", num_classes=10, norm="swn", width=2, shortcut="B")
+    with nn.intercept_methods(record):
+        jax.eval_shape(lambda: model.init(KEY, jnp.zeros((1, 8, 8, 3)), train=False))
+    assert gains["stem"] == 2.0
+    assert gains["stage1_block3/conv1"] == 2.0
+    assert gains["stage1_block3/conv2"] == 1 / 9
+    assert gains["stage1_block0/shortcut"] == 1.0
+    assert gains["head"] == 1.0
+    assert len(gains) == 1 + 27 * 2 + 2 + 1
