@@ -218,12 +218,12 @@ def _parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
         shapes = tuple(tuple(int(d) for d in s.split("x")) for s in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--shapes expects comma-separated NxHxWxC shapes like 128x32x32x64, got {text!r}"
+            f"expected comma-separated NxHxWxC shapes like 128x32x32x64, got {text!r}"
         ) from None
     for shape in shapes:
         if len(shape) != 4 or min(shape) < 1 or shape[-1] % 32:
             raise argparse.ArgumentTypeError(
-                f"--shapes: each shape must be 4 positive sizes NxHxWxC with C divisible by 32 "
+                f"each shape must be 4 positive sizes NxHxWxC with C divisible by 32 "
                 f"(GroupNorm uses 32 groups), got {shape}"
             )
     return shapes
@@ -233,7 +233,7 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
     dtypes = tuple(text.split(","))
     for d in dtypes:
         if d not in ("float32", "bfloat16", "float16"):
-            raise argparse.ArgumentTypeError(f"--dtypes: expected float32, bfloat16 or float16, got {d!r}")
+            raise argparse.ArgumentTypeError(f"expected float32, bfloat16 or float16, got {d!r}")
     return dtypes
 
 
