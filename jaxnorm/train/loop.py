@@ -209,52 +209,54 @@ def train(
     t_start = time.perf_counter()
     timed_from, timed_images, excluded_seconds = t_start, 0, 0.0
     batches = _batches(train_data, start)
-    with StopSignal() as stop:
-        for step in range(start, steps):
-            state, metrics = step_fn(state, parallel.shard_batch(next(batches)))
-            if step == start:
-                jax.block_until_ready(metrics)
-                timed_from = time.perf_counter()
-            else:
-                timed_images += train_data.global_batch_size
-            s = step + 1
-            pending.append((s, metrics))
-            if s % cfg.log_every == 0 or s == steps:
-                flush(state)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
-            if eval_data is not None and (s % eval_every == 0 or s == steps):
-                if pending:
+    try:
+        with StopSignal() as stop:
+            for step in range(start, steps):
+                state, metrics = step_fn(state, parallel.shard_batch(next(batches)))
+                if step == start:
+                    jax.block_until_ready(metrics)
+                    timed_from = time.perf_counter()
+                else:
+                    timed_images += train_data.global_batch_size
+                s = step + 1
+                pending.append((s, metrics))
+                if s % cfg.log_every == 0 or s == steps:
                     flush(state)
-                t_eval = time.perf_counter()
-                result = evaluate(parallel, eval_fn, state, eval_data)
-                excluded_seconds += time.perf_counter() - t_eval
-                writer.write(s, result, split="eval")
-                history.append({"step": s, "split": "eval", **result})
-            if bar is not None:
-                bar.update(1)
-            if ckpt is not None:
-                t_save = time.perf_counter()
-                stopping = stop.requested or ckpt.reached_preemption(s)
-                ckpt.maybe_save(s, parallel.unreplicate(state), force=stopping or s == steps)
-                excluded_seconds += time.perf_counter() - t_save
-                if stopping:
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
+                if eval_data is not None and (s % eval_every == 0 or s == steps):
+                    if pending:
+                        flush(state)
+                    t_eval = time.perf_counter()
+                    result = evaluate(parallel, eval_fn, state, eval_data)
+                    excluded_seconds += time.perf_counter() - t_eval
+                    writer.write(s, result, split="eval")
+                    history.append({"step": s, "split": "eval", **result})
+                if bar is not None:
+                    bar.update(1)
+                if ckpt is not None:
+                    t_save = time.perf_counter()
+                    stopping = stop.requested or ckpt.reached_preemption(s)
+                    ckpt.maybe_save(s, parallel.unreplicate(state), force=stopping or s == steps)
+                    excluded_seconds += time.perf_counter() - t_save
+                    if stopping:
+                        preempted = s < steps
+                        break
+                elif stop.requested:
                     preempted = s < steps
                     break
-            elif stop.requested:
-                preempted = s < steps
-                break
-    if pending:
-        flush(state)
-    jax.block_until_ready(state)
-    t_end = time.perf_counter()
+        if pending:
+            flush(state)
+        jax.block_until_ready(state)
+        t_end = time.perf_counter()
+    finally:  # also on errors: finish in-flight checkpoint writes, close files
+        if bar is not None:
+            bar.close()
+        if ckpt is not None:
+            ckpt.wait()
+            ckpt.close()
+        writer.close()
     train_seconds = t_end - timed_from - excluded_seconds
-    if bar is not None:
-        bar.close()
-    if ckpt is not None:
-        ckpt.wait()
-        ckpt.close()
-    writer.close()
     summary = _summary(history, train_data.steps_per_epoch, cfg.log_every)
     summary["seconds"] = t_end - t_start
     summary["images_per_second"] = timed_images / train_seconds if timed_images else 0.0
