@@ -12,6 +12,7 @@ never modified, and the prepared dataset is the ordinary ``fashion_mnist`` that
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import tempfile
@@ -97,10 +98,15 @@ def prepare_fashion_mnist(
             f"{missing}: install the Debian package ({'apt-get install ' + APT_PACKAGE}), or "
             f"let TFDS download it (tfds.builder('fashion_mnist', data_dir=...)"
             ".download_and_prepare()) where the internet is reachable")
-    builder = _builder_class()(data_dir=str(data_dir))
-    if not builder.is_prepared():
-        config = tfds.download.DownloadConfig(manual_dir=str(source))
-        # Extracted copies go to a scratch directory, not next to the dataset.
-        with tempfile.TemporaryDirectory(prefix="jaxnorm_fashion_mnist_") as scratch:
-            builder.download_and_prepare(download_dir=scratch, download_config=config)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Processes of one multi-host run on a machine may all call this: one prepares, the others
+    # wait for it and then find the dataset prepared.
+    with open(data_dir / ".fashion_mnist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        builder = _builder_class()(data_dir=str(data_dir))
+        if not builder.is_prepared():
+            config = tfds.download.DownloadConfig(manual_dir=str(source))
+            # Extracted copies go to a scratch directory, not next to the dataset.
+            with tempfile.TemporaryDirectory(prefix="jaxnorm_fashion_mnist_") as scratch:
+                builder.download_and_prepare(download_dir=scratch, download_config=config)
     return data_dir
