@@ -7,6 +7,8 @@ An experiment config is the loop's config (:func:`jaxnorm.train.loop.default_con
              augment ("" = the dataset's default), data_dir ("" = $JAXNORM_DATA_DIR or TFDS's)
     sweep:   key (a dotted config key, e.g. "model.norm"), grid (its values), names (optional labels)
     workdir: where each run writes <workdir>/<run name>/ and the experiment its table and plots
+    distributed: coordinator_address ("" = single process; "auto" = jax.distributed.initialize()'s
+             cluster auto-detection, e.g. on TPU pods), num_processes, process_id
     quick:   a smoke-test size (``quick_steps`` steps on ``quick_examples`` examples)
 
 :func:`run_experiment` validates every run of the sweep before training any, so a bad value fails
@@ -21,13 +23,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import ml_collections
 
 from jaxnorm.train import plots
 from jaxnorm.train.loop import RunResult, default_config, train
 from jaxnorm.train.optimizers import make_optimizer
 from jaxnorm.train.precision import compute_dtype
-from jaxnorm.train.sharding import DataParallel
+from jaxnorm.train.sharding import DataParallel, initialize_distributed
 
 TABLE_COLUMNS = (
     ("eval_accuracy", "eval acc", "{:.4f}"),
@@ -57,6 +60,7 @@ def experiment_defaults() -> ml_collections.ConfigDict:
                 "data_dir": "",
             },
             "sweep": {"key": "", "grid": (), "names": ()},
+            "distributed": {"coordinator_address": "", "num_processes": 1, "process_id": 0},
             "quick": False,
             "quick_steps": 10,
             "quick_examples": 512,
@@ -206,11 +210,22 @@ def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
     )
 
 
+def _maybe_initialize_distributed(config: Mapping[str, Any]) -> None:
+    address = config.get("coordinator_address", "")
+    if not address or jax.distributed.is_initialized():
+        return
+    if address == "auto":
+        jax.distributed.initialize()
+    else:
+        initialize_distributed(address, int(config.num_processes), int(config.process_id))
+
+
 def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict[str, dict[str, float]]:
     """Runs every run of ``config``'s sweep; writes ``results.json``, ``results.md`` and the
     overlaid plots into ``config.workdir``; prints and returns ``{run name: summary}``."""
     base = experiment_defaults()
     base.update(config)
+    _maybe_initialize_distributed(base.distributed)
     if base.quick:
         base = apply_quick(base)
     runs = expand_sweep(base)
@@ -230,12 +245,13 @@ def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict
             print_fn(f"stopped at step {int(result.state.step)}; run the same command to resume")
             break
     table = results_table(results)
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    paths = plots.plot_runs(histories, workdir)
-    print_fn(table)
-    print_fn("plots: " + ", ".join(paths))
+    if jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        with open(os.path.join(workdir, "results.md"), "w") as f:
+            f.write(table + "\n")
+        paths = plots.plot_runs(histories, workdir)
+        print_fn(table)
+        print_fn("plots: " + ", ".join(paths))
     return results
