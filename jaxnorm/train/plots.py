@@ -33,49 +33,62 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str) -> str:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, records in runs.items():
-        steps, values = _series(records, "train", key)
-        if values:
-            window = max(1, len(values) // 50)
-            ax.plot(steps, _smooth(values, window), alpha=0.8, label=f"{name} train".strip())
-        steps, values = _series(records, "eval", key)
-        if values:
-            ax.plot(steps, values, "o-", label=f"{name} eval".strip())
+_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def _color(i: int) -> Any:
+    return plt.get_cmap("tab10")(i % 10)
+
+
+def _finish(fig, ax, ylabel: str, path: str, *, log: bool = False, fontsize: str = "small") -> str:
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize=fontsize)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
+def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str) -> str:
+    """Train (smoothed line) and eval (markers) of ``key``, one color per run."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, records) in enumerate(runs.items()):
+        steps, values = _series(records, "train", key)
+        if values:
+            window = max(1, len(values) // 50)
+            ax.plot(steps, _smooth(values, window), color=_color(i), alpha=0.6, label=f"{name} train".strip())
+        steps, values = _series(records, "eval", key)
+        if values:
+            ax.plot(steps, values, "o--", color=_color(i), label=f"{name} eval".strip())
+    return _finish(fig, ax, ylabel, path)
+
+
 def _weight_norm_figure(runs: Mapping[str, Records], path: str) -> str | None:
+    """Mean per-unit weight norm of every kernel: one color per run, one line style per layer."""
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
-    for name, records in runs.items():
+    for i, (name, records) in enumerate(runs.items()):
         keys = sorted({k for r in records for k in r if k.startswith("wnorm/")})
-        for key in keys:
+        for j, key in enumerate(keys):
             steps, values = _series(records, "train", key)
-            label = f"{name} {key[len('wnorm/') :]}".strip()
-            ax.plot(steps, values, label=label)
+            layer = key[len("wnorm/") :].removesuffix("/kernel")
+            ax.plot(
+                steps,
+                values,
+                color=_color(i),
+                linestyle=_LINESTYLES[j % len(_LINESTYLES)],
+                label=f"{name} {layer}".strip(),
+            )
             drawn = True
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean per-unit weight norm")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, "mean per-unit weight norm", path, log=True, fontsize="x-small")
 
 
 def plot_runs(runs: Mapping[str, Records], out_dir: str) -> list[str]:
