@@ -145,29 +145,35 @@ def local_moments(
     two-pass ``sum((x - mean)^2)``.
     """
     dtype = _stats_dtype(x)
-    x = x.astype(dtype)
     first = tuple(slice(0, 1) if a in axes else slice(None) for a in range(x.ndim))
-    shift = lax.stop_gradient(x[first])
-    shifted = x - shift
+    shift = lax.stop_gradient(x[first].astype(dtype))
+
+    def centred(reference: jnp.ndarray) -> jnp.ndarray:
+        d = x.astype(dtype) - reference
+        return d if mask is None else jnp.where(mask, d, 0)
+
     if mask is None:
         count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
-        kept = shifted
     else:
         count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
-        kept = jnp.where(mask, shifted, 0)
     safe_count = jnp.maximum(count, 1)
-    s1 = jnp.sum(kept, axis=axes, keepdims=True)
+    s1 = jnp.sum(centred(shift), axis=axes, keepdims=True)
     mean = shift + s1 / safe_count
     if not with_m2:
         return Moments(count, mean, None)
     if one_pass:
-        m2 = jnp.maximum(jnp.sum(jnp.square(kept), axis=axes, keepdims=True) - s1 * s1 / safe_count, 0)
+        # A distinct (barrier) copy of the shift makes the second reduction a different HLO value, so
+        # XLA fuses each sum with its own read of x instead of writing ``x - shift`` to memory.
+        sum_sq = jnp.sum(jnp.square(centred(_distinct(shift))), axis=axes, keepdims=True)
+        m2 = jnp.maximum(sum_sq - s1 * s1 / safe_count, 0)
     else:
-        deviation = x - mean
-        if mask is not None:
-            deviation = jnp.where(mask, deviation, 0)
-        m2 = jnp.sum(jnp.square(deviation), axis=axes, keepdims=True)
+        m2 = jnp.sum(jnp.square(centred(mean)), axis=axes, keepdims=True)
     return Moments(count, mean, m2)
+
+
+def _distinct(stat: jnp.ndarray) -> jnp.ndarray:
+    """The same small statistic as a separate HLO value (keeps XLA from sharing a full-size temporary)."""
+    return lax.optimization_barrier(stat)
 
 
 def combine_moments(moments: Moments, axis: int) -> Moments:
@@ -290,7 +296,7 @@ def dispersion_moments(
     if p == 2:
         return moments.mean, moments.m2 / jnp.maximum(count, 1)
 
-    deviation = jnp.abs(x.astype(moments.mean.dtype) - moments.mean)
+    deviation = jnp.abs(x.astype(moments.mean.dtype) - _distinct(moments.mean))
     if topk is not None:
         dispersion = _topk_mean(deviation, axes, topk, mask, count, axis_name, axis_index_groups)
     elif p == 1:
