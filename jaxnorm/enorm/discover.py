@@ -612,9 +612,8 @@ def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0) -> dict[int, 
         fb = [i for i in range(len(sb)) if i not in cb and i not in bb]
         out_a = list(range(nb, nb + len(fa)))
         out_b = list(range(nb + len(fa), len(shape)))
-        for side, (x, s, free, mine, theirs) in enumerate(
-            [(ins[0], sa, fa, out_a, out_b), (ins[1], sb, fb, out_b, out_a)]
-        ):
+        for x, s, free, mine, theirs in [(ins[0], sa, fa, out_a, out_b),
+                                         (ins[1], sb, fb, out_b, out_a)]:
             if _const_along(target, list(range(nb)) + theirs):
                 t = _squash(target, list(range(nb)) + theirs)
                 t = t.reshape([target.shape[i] for i in mine])
@@ -622,7 +621,6 @@ def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0) -> dict[int, 
                 for d, n in zip(free, t.shape, strict=True):
                     t_shape[d] = n
                 return back(x, np.broadcast_to(t.reshape(t_shape), s))
-            del side
         raise _Fail("units spread over both operands of a contraction")
     if e.prim == "conv_general_dilated":
         dn = e.params["dimension_numbers"]
@@ -789,6 +787,6 @@ def scale_invariant_kernels(
         try:
             _, consumers = _hypothesis(graph, leaf_i, ids, strict=False)
             out[paths[leaf_i]] = not consumers
-        except (_Fail, _Need):
+        except _Fail:
             out[paths[leaf_i]] = False
     return out
