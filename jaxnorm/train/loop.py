@@ -151,7 +151,10 @@ def train(
     accumulate = int(cfg.optimizer.get("accumulate_steps", 1))
     tx, schedule = make_optimizer(cfg.optimizer, steps)
 
-    sample = next(train_data.epoch(0))["image"][:1]
+    first_epoch = train_data.epoch(0)
+    sample = next(first_epoch)["image"][:1]
+    if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
+        first_epoch.close()
     rng = jax.random.PRNGKey(cfg.seed)
     loss_scale = initial_loss_scale(cfg.precision)
     state = parallel.init_state(
@@ -249,7 +252,8 @@ def train(
             flush(state)
         jax.block_until_ready(state)
         t_end = time.perf_counter()
-    finally:  # also on errors: finish in-flight checkpoint writes, close files
+    finally:  # also on errors: finish in-flight checkpoint writes, close files and the data
+        batches.close()
         if bar is not None:
             bar.close()
         if ckpt is not None:
