@@ -88,6 +88,7 @@ def main(argv: Sequence[str]) -> int:
     if argv[1] == "list":
         print(listing())
         return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (under TFDS) start-up chatter
     from jaxnorm.train.experiment import run_experiment
 
     try:
