@@ -22,6 +22,7 @@ REPRO_CONFIGS = (
     "fmnist_enorm_depth",
     "fmnist_norm_matters",
     "fmnist_wrs",
+    "fmnist_small_batch",
     "cifar10_enorm_fc",
     "cifar10_enorm_nv",
     "cifar10_resnet56_norm_matters",
@@ -122,3 +123,26 @@ def test_l1_constant_factor_gives_the_swept_constant(x64):
     expected = dev / (c * np.abs(dev).mean(0))
     got = kwargs["factor"] * np.asarray(inter["intermediates"]["bn_0"]["__call__"][0])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_wrs_state_wrapper_rescales_weights_every_tau_updates(monkeypatch):
+    import jaxnorm.optim
+    from experiments.scripts import wrs_state
+    from jaxnorm.train import optimizers
+
+    monkeypatch.setattr(optimizers, "WRAPPERS", dict(optimizers.WRAPPERS))
+    monkeypatch.setattr(jaxnorm.optim, "weight_rescaling_with_state", None, raising=False)
+    wrs_state.register()
+    tx, _ = optimizers.make_optimizer(
+        {"name": "momentum", "learning_rate": 0.1, "wrappers": ("wrs_state",),
+         "wrapper_kwargs": {"wrs_state": {"tau": 2}}}, 10)
+    params = {"w": jnp.full((3, 2), 2.0)}
+    state = tx.init(params)
+    grads = {"w": jnp.ones((3, 2))}
+    norms = []
+    for _ in range(2):
+        updates, state = tx.update(grads, state, params)
+        params = jax.tree_util.tree_map(jnp.add, params, updates)
+        norms.append(np.linalg.norm(np.asarray(params["w"]), axis=0))
+    assert not np.allclose(norms[0], 1.0)
+    np.testing.assert_allclose(norms[1], 1.0, rtol=1e-6)

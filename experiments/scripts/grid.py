@@ -137,7 +137,8 @@ def plot(results: Mapping[str, list[dict[str, Any]]], title: str, path: str) -> 
     fig.savefig(path, dpi=80)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, module=None) -> None:
+    """Command line; ``module`` replaces the config module loaded by name (scripts that build variants)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--seeds", type=int, nargs="*")
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", default="", help="also write every run's numbers here")
     args = parser.parse_args(argv)
 
-    module = load_module(args.config)
+    module = module or load_module(args.config)
     base = module.get_config()
     for item in args.set:
         key, value = item.split("=", 1)
