@@ -38,18 +38,25 @@ def hidden_kernels(params):
             for k, v in params.items()}
 
 
-def run(model, tx, batches, eval_batches, seed: int):
-    """Trains with ``tx``; returns (test accuracy, final params, final optimizer state)."""
-    variables = model.init(jax.random.key(seed), batches[0][0][:2], train=False)
-    params, stats = variables["params"], variables["batch_stats"]
+def run(model, tx, batches, eval_batches, seed: int, init_batch=None):
+    """Trains with ``tx``; returns (test accuracy, final params, final optimizer state).
+
+    ``init_batch`` (default: two images) is what ``model.init`` sees (data-dependent inits).
+    """
+    init_x = batches[0][0][:2] if init_batch is None else init_batch
+    variables = model.init(jax.random.key(seed), init_x, train=False)
+    params, stats = variables["params"], variables.get("batch_stats", {})
     opt = tx.init(params)
+
+    def collections(p, s):
+        return {"params": p, **({"batch_stats": s} if s else {})}
 
     @jax.jit
     def step(params, stats, opt, x, y):
         def loss_fn(p):
-            logits, new = model.apply({"params": p, "batch_stats": stats}, x, train=True,
-                                      mutable=["batch_stats"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new["batch_stats"]
+            logits, new = model.apply(collections(p, stats), x, train=True, mutable=["batch_stats"])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, new.get("batch_stats", {})
 
         (_, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt = tx.update(grads, opt, params)
@@ -57,7 +64,7 @@ def run(model, tx, batches, eval_batches, seed: int):
 
     @jax.jit
     def correct(params, stats, x, y):
-        logits = model.apply({"params": params, "batch_stats": stats}, x, train=False)
+        logits = model.apply(collections(params, stats), x, train=False)
         return jnp.sum(jnp.argmax(logits, -1) == y)
 
     for x, y in batches:
