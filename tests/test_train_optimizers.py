@@ -144,6 +144,28 @@ def test_wrapper_wrs_is_chained_last():
     np.testing.assert_allclose(jnp.linalg.norm(new["dense"]["kernel"], axis=0), 1.0, rtol=1e-5)
 
 
+def test_wrapper_wrs_state_rescales_the_momentum():
+    config = {
+        "name": "momentum",
+        "learning_rate": 0.1,
+        "momentum": 0.9,
+        "wrappers": ("wrs_state",),
+        "wrapper_kwargs": {"wrs_state": {"tau": 1}},
+    }
+    tx, _ = opt.make_optimizer(config, 10)
+    params = {"dense": {"kernel": jnp.full((3, 2), 2.0)}}
+    grads = {"dense": {"kernel": jnp.ones((3, 2))}}
+    updates, state = tx.update(grads, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    norms = jnp.linalg.norm(new["dense"]["kernel"], axis=0)
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+    # w' = w / s with s the pre-rescaling norm: the momentum (a gradient accumulator) is multiplied by s
+    s = jnp.linalg.norm(params["dense"]["kernel"] - 0.1 * grads["dense"]["kernel"], axis=0)
+    trace = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.TraceState))
+    trace = next(t for t in trace if isinstance(t, optax.TraceState)).trace["dense"]["kernel"]
+    np.testing.assert_allclose(trace, grads["dense"]["kernel"] * s, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

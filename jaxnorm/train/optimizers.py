@@ -34,6 +34,8 @@ WEIGHT_DECAY_MASKS = ("all", "kernels", "bn_scales", "last_layer")
 # name -> (attribute of jaxnorm.optim, how it combines with the base optimizer)
 WRAPPERS = {
     "wrs": ("weight_rescaling", "append"),
+    # WRS wrapping the optimizer, whose state (momentum, Adam moments) is rescaled with the weights
+    "wrs_state": ("weight_rescaling", "inner"),
     "bwn": ("bwn_projection", "append"),
     "enorm": ("enorm", "wrap"),
 }
@@ -159,7 +161,12 @@ def make_optimizer(
     for name in tuple(config.get("wrappers", ()) or ()):
         fn, how = _wrapper(name)
         kwargs = dict(wrapper_kwargs.get(name, {}) or {})
-        tx = fn(tx, **kwargs) if how == "wrap" else optax.chain(tx, fn(**kwargs))
+        if how == "wrap":
+            tx = fn(tx, **kwargs)
+        elif how == "inner":
+            tx = fn(inner=tx, rescale_state=True, **kwargs)
+        else:
+            tx = optax.chain(tx, fn(**kwargs))
     if accumulate > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
     return tx, schedule
