@@ -47,13 +47,17 @@ for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3)]:
         pmapped = jax.pmap(
             lambda a, b, kw=kwargs: F.batch_moments(a, mask=b, axis_name="d", **kw), axis_name="d"
         )(x.reshape(8, 6, 5, 4), m.reshape(8, 6, 5, 4))
-        errors[f"pmap {name}"] = max_err([pmapped[0][i] for i in range(8)] + [pmapped[1][i] for i in range(8)],
-                                         [want[0]] * 8 + [want[1]] * 8)
+        errors[f"pmap {name}"] = max_err(
+            [pmapped[0][i] for i in range(8)] + [pmapped[1][i] for i in range(8)],
+            [want[0]] * 8 + [want[1]] * 8,
+        )
 
         mapped = jax.jit(
             jax.shard_map(
                 lambda a, b, kw=kwargs: F.batch_moments(a, mask=b, axis_name="d", **kw),
-                mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P(),
+                mesh=mesh,
+                in_specs=(P("d"), P("d")),
+                out_specs=P(),
             )
         )(jax.device_put(x, sharded), jax.device_put(m, sharded))
         errors[f"shard_map {name}"] = max_err(mapped, want)
@@ -65,9 +69,9 @@ for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3)]:
 
 # axis_index_groups: two groups of four devices, each with the statistics of its half of the batch.
 groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
-grouped = jax.pmap(
-    lambda a: F.batch_moments(a, p=1, axis_name="d", axis_index_groups=groups), axis_name="d"
-)(x.reshape(8, 6, 5, 4))
+grouped = jax.pmap(lambda a: F.batch_moments(a, p=1, axis_name="d", axis_index_groups=groups), axis_name="d")(
+    x.reshape(8, 6, 5, 4)
+)
 halves = [F.batch_moments(jnp.asarray(x[:24]), p=1), F.batch_moments(jnp.asarray(x[24:]), p=1)]
 errors["pmap axis_index_groups"] = max_err(
     [grouped[0][0], grouped[0][7], grouped[1][0], grouped[1][7]],
@@ -78,9 +82,9 @@ errors["pmap axis_index_groups"] = max_err(
 bn = jn.BatchNorm(use_running_average=False, axis_name="d", momentum=0.5, p="inf")
 variables = bn.init(jax.random.key(0), x[:6])
 y_global, stats_global = bn.clone(axis_name=None).apply(variables, jnp.asarray(x), mutable=["batch_stats"])
-y_pmap, stats_pmap = jax.pmap(
-    lambda a: bn.apply(variables, a, mutable=["batch_stats"]), axis_name="d"
-)(x.reshape(8, 6, 5, 4))
+y_pmap, stats_pmap = jax.pmap(lambda a: bn.apply(variables, a, mutable=["batch_stats"]), axis_name="d")(
+    x.reshape(8, 6, 5, 4)
+)
 errors["BatchNorm module pmap outputs"] = max_err([y_pmap.reshape(y_global.shape)], [y_global])
 errors["BatchNorm module pmap running stats"] = max_err(
     [stats_pmap["batch_stats"]["mean"][3], stats_pmap["batch_stats"]["var"][5]],
