@@ -67,3 +67,21 @@ def check_mask(mask: object, x: jnp.ndarray, name: str = "mask") -> jnp.ndarray 
         return jnp.broadcast_to(mask, x.shape)
     except ValueError:
         raise ValueError(f"{name} of shape {mask.shape} does not broadcast to x.shape {x.shape}") from None
+
+
+def num_groups_of(channels: int, num_groups: int | None, group_size: int | None) -> int:
+    """The group count from flax's ``num_groups`` / ``group_size`` pair, with flax's checks."""
+    if (num_groups is None) == (group_size is None):
+        raise ValueError(
+            "exactly one of num_groups and group_size must be given (to use group_size, pass "
+            f"num_groups=None); got num_groups={num_groups!r}, group_size={group_size!r}"
+        )
+    if group_size is not None:
+        check_positive_int(group_size, "group_size")
+        if channels % group_size:
+            raise ValueError(f"group_size={group_size} must divide the number of channels {channels}")
+        return channels // group_size
+    check_positive_int(num_groups, "num_groups")
+    if channels % num_groups:
+        raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
+    return num_groups

@@ -30,7 +30,7 @@ from jaxnorm.functional._checks import (
     canonical_p,
     check_floating,
     check_mask,
-    check_positive_int,
+    num_groups_of,
 )
 from jaxnorm.functional.stats import (
     AxisIndexGroups,
@@ -38,6 +38,7 @@ from jaxnorm.functional.stats import (
     ChannelGroups,
     batch_moments,
     dispersion_moments,
+    ghost_batches,
 )
 
 __all__ = [
@@ -121,13 +122,29 @@ def batch_norm(
         mean_only=mean_only,
         keepdims=True,
     )
+    return normalize_batch(x, mean, var, virtual_batch_size=virtual_batch_size, epsilon=epsilon)
+
+
+def normalize_batch(
+    x: jnp.ndarray,
+    mean: jnp.ndarray,
+    var: jnp.ndarray | None,
+    *,
+    virtual_batch_size: int | None,
+    scale: jnp.ndarray | None = None,
+    bias: jnp.ndarray | None = None,
+    epsilon: float = 1e-5,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """:func:`normalize` with keepdims batch statistics, per ghost batch when ``virtual_batch_size``
+    is given (the statistics then carry the leading ghost axis of :func:`batch_moments`)."""
     if virtual_batch_size is None:
-        return normalize(x, mean, var, epsilon=epsilon)
-    ghosts = x.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
-    return normalize(ghosts, mean, var, epsilon=epsilon).reshape(x.shape)
+        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
+    ghosts = ghost_batches(x, virtual_batch_size)
+    return normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype).reshape(x.shape)
 
 
-def _per_example_norm(
+def per_example_norm(
     x: jnp.ndarray,
     axes: tuple[int, ...],
     *,
@@ -138,7 +155,12 @@ def _per_example_norm(
     groups: ChannelGroups | None = None,
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
+    scale: jnp.ndarray | None = None,
+    bias: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
+    """Lp normalization of ``x`` over ``axes`` (per example; ``groups`` merges channels), then the
+    optional ``scale`` and ``bias`` (broadcastable to ``x``): the path of layer, group and instance norm."""
     mean, var = dispersion_moments(
         x,
         axes,
@@ -149,7 +171,7 @@ def _per_example_norm(
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
     )
-    return normalize(x, mean, var, epsilon=epsilon)
+    return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
 
 
 def layer_norm(
@@ -171,7 +193,7 @@ def layer_norm(
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
-    return _per_example_norm(
+    return per_example_norm(
         x,
         axes,
         p=p,
@@ -203,12 +225,9 @@ def group_norm(
     check_floating(x, "x")
     if x.ndim < 2:
         raise ValueError(f"group_norm needs (batch, ..., channels) input, got shape {x.shape}")
-    check_positive_int(num_groups, "num_groups")
-    channels = x.shape[-1]
-    if channels % num_groups:
-        raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
+    num_groups_of(x.shape[-1], num_groups, None)
     spatial = tuple(range(1, x.ndim - 1))
-    return _per_example_norm(
+    return per_example_norm(
         x,
         spatial,
         p=p,
@@ -234,7 +253,7 @@ def instance_norm(
     check_floating(x, "x")
     if x.ndim < 3:
         raise ValueError(f"instance_norm needs (batch, *spatial, channels) input, got shape {x.shape}")
-    return _per_example_norm(
+    return per_example_norm(
         x,
         tuple(range(1, x.ndim - 1)),
         p=p,

@@ -15,22 +15,9 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import (
-    PNorm,
-    canonical_axes,
-    canonical_p,
-    check_floating,
-    check_mask,
-    check_positive_int,
-)
-from jaxnorm.functional.activation import normalize, rms_norm
-from jaxnorm.functional.stats import (
-    AxisIndexGroups,
-    Calibration,
-    ChannelGroups,
-    batch_moments,
-    dispersion_moments,
-)
+from jaxnorm.functional._checks import PNorm, canonical_axes, check_floating, num_groups_of
+from jaxnorm.functional.activation import normalize, normalize_batch, per_example_norm, rms_norm
+from jaxnorm.functional.stats import AxisIndexGroups, Calibration, ChannelGroups, batch_moments
 
 __all__ = [
     "BatchNormOutput",
@@ -122,13 +109,19 @@ def batch_norm_layer(
         mean_only=mean_only,
         keepdims=True,
     )
+    y = normalize_batch(
+        x,
+        mean,
+        var,
+        virtual_batch_size=virtual_batch_size,
+        scale=scale,
+        bias=bias,
+        epsilon=epsilon,
+        dtype=out_dtype,
+    )
     if virtual_batch_size is None:
-        y = normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
         batch_mean, batch_var = mean.reshape(running_mean.shape), var
-    else:
-        ghosts = x.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
-        y = normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
-        y = y.reshape(x.shape)
+    else:  # ghost batches: the running statistics follow the mean of their statistics
         batch_mean = jnp.mean(mean, axis=0).reshape(running_mean.shape)
         batch_var = None if var is None else jnp.mean(var, axis=0)
     if not update_running_stats:
@@ -163,42 +156,19 @@ def layer_norm_layer(
     check_floating(x, "x")
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
-    mean, var = dispersion_moments(
+    return per_example_norm(
         x,
         axes,
-        p=canonical_p(p),
-        mask=check_mask(mask, x),
+        p=p,
+        epsilon=epsilon,
+        mask=mask,
+        use_fast_variance=use_fast_variance,
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
-        one_pass=use_fast_variance,
-    )
-    return normalize(
-        x,
-        mean,
-        var,
         scale=_expand(scale, shape),
         bias=_expand(bias, shape),
-        epsilon=epsilon,
         dtype=_output_dtype(dtype, x, scale, bias),
     )
-
-
-def num_groups_of(channels: int, num_groups: int | None, group_size: int | None) -> int:
-    """The group count from flax's ``num_groups`` / ``group_size`` pair, with flax's checks."""
-    if (num_groups is None) == (group_size is None):
-        raise ValueError(
-            "exactly one of num_groups and group_size must be given (to use group_size, pass "
-            f"num_groups=None); got num_groups={num_groups!r}, group_size={group_size!r}"
-        )
-    if group_size is not None:
-        check_positive_int(group_size, "group_size")
-        if channels % group_size:
-            raise ValueError(f"group_size={group_size} must divide the number of channels {channels}")
-        return channels // group_size
-    check_positive_int(num_groups, "num_groups")
-    if channels % num_groups:
-        raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
-    return num_groups
 
 
 def group_norm_layer(
@@ -229,23 +199,18 @@ def group_norm_layer(
             raise ValueError(f"reduction_axes={reduction_axes!r} must include the last (channel) axis")
         axes = axes[:-1]
     shape = _feature_shape(x, (x.ndim - 1,))
-    mean, var = dispersion_moments(
+    return per_example_norm(
         x,
         axes,
-        p=canonical_p(p),
-        mask=check_mask(mask, x),
+        p=p,
+        epsilon=epsilon,
+        mask=mask,
+        use_fast_variance=use_fast_variance,
+        groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=groups),
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
-        one_pass=use_fast_variance,
-        groups=ChannelGroups(channel_axis=x.ndim - 1, num_groups=groups),
-    )
-    return normalize(
-        x,
-        mean,
-        var,
         scale=_expand(scale, shape),
         bias=_expand(bias, shape),
-        epsilon=epsilon,
         dtype=_output_dtype(dtype, x, scale, bias),
     )
 

@@ -346,6 +346,11 @@ def _check_common(x, p, topk, calibration) -> PNorm:
     return p
 
 
+def ghost_batches(x: jnp.ndarray, virtual_batch_size: int) -> jnp.ndarray:
+    """Split axis 0 of ``x`` into ghost batches: ``(B, ...) -> (B // v, v, ...)``."""
+    return x.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
+
+
 def batch_moments(
     x: jnp.ndarray,
     *,
@@ -386,9 +391,8 @@ def batch_moments(
                 "virtual_batch_size (ghost batch norm) and axis_name are exclusive: ghost "
                 "batches are formed from each device's local batch"
             )
-        ghost_shape = (x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
-        x = x.reshape(ghost_shape)
-        mask = None if mask is None else mask.reshape(ghost_shape)
+        x = ghost_batches(x, virtual_batch_size)
+        mask = None if mask is None else ghost_batches(mask, virtual_batch_size)
         features = (0, *(a + 1 for a in features))
     reduce_axes = tuple(a for a in range(x.ndim) if a not in features)
     size = math.prod(x.shape[a] for a in reduce_axes)
