@@ -4,9 +4,6 @@ option, and the weight-layer contracts (trainable g, kernel never overwritten, g
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
 
 import flax.linen as linen
 import jax
@@ -17,6 +14,7 @@ import pytest
 from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
+from multidevice import run_on_devices
 from oracles import dispersion_sq
 
 import jaxnorm.nn as jnn
@@ -493,11 +491,7 @@ print("ok")
 
 def test_pmap_with_unequal_masks_gives_global_batch_statistics():
     """8 simulated devices: statistics over ``axis_name`` equal the single-device global batch."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", _PMAP_SCRIPT], env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok")
+    assert run_on_devices(_PMAP_SCRIPT).strip().endswith("ok")
 
 
 # --------------------------------------------------------------------------------------------------

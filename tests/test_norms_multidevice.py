@@ -5,22 +5,17 @@ before JAX starts), which prints the max error of every case; see ``_multidevice
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from multidevice import run_on_devices
 
 WORKER = Path(__file__).with_name("_multidevice_norms.py")
 
 
 @pytest.fixture(scope="module")
 def errors():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, str(WORKER)], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_on_devices(WORKER, timeout=600).strip().splitlines()[-1])
 
 
 def test_every_case_ran(errors):
