@@ -253,6 +253,9 @@ def test_groups_for():
     (lambda: models.create("mlp", num_classes=10, kernel_init="he"), "kaiming"),
     (lambda: models.create("mlp", num_classes=10, num_groups=0), "num_groups"),
     (lambda: models.create("mlp", num_classes=10, bn_momentum=1.0), "bn_momentum"),
+    (lambda: models.create("mlp", num_classes=10, norm="linfbn", calibration="exactly"),
+     "calibration.*'exact'"),
+    (lambda: models.create("mlp", num_classes=10, norm="wn", g_init="zeros"), "g_init.*'data'"),
 ])
 def test_bad_arguments_raise_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
@@ -298,3 +301,72 @@ def test_scaled_weight_norm_gains():
     assert gains["stage1_block0/shortcut"] == 1.0
     assert gains["head"] == 1.0
     assert len(gains) == 1 + 27 * 2 + 2 + 1
+
+
+def _batch_norm_calibrations(model, shape):
+    """``{module path: calibration}`` of every ``jaxnorm.nn.BatchNorm`` the model builds."""
+    import flax.linen as nn
+
+    from jaxnorm import nn as jnn
+
+    found = {}
+
+    def record(next_fun, args, kwargs, context):
+        if isinstance(context.module, jnn.BatchNorm):
+            found["/".join(context.module.scope.path)] = context.module.calibration
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        jax.eval_shape(lambda: model.init(KEY, jnp.zeros(shape), train=False))
+    return found
+
+
+@pytest.mark.parametrize("norm", ["linfbn", "topk"])
+def test_calibration_reaches_every_linf_batch_norm(norm):
+    tiny, shape = TINY["cifar_nv"]
+    for calibration in ("paper", "exact"):
+        model = models.create("cifar_nv", num_classes=10, norm=norm, calibration=calibration,
+                              **tiny, **NORM_OPTIONS)
+        found = _batch_norm_calibrations(model, shape)
+        assert len(found) == 8 and set(found.values()) == {calibration}, found
+    # The two constants differ, so the train-mode outputs do (the same params).
+    _, variables, paper, *_ = run("mlp", norm, calibration="paper")
+    exact_model = models.create("mlp", num_classes=10, norm=norm, calibration="exact",
+                                **TINY["mlp"][0], **NORM_OPTIONS)
+    x = jax.random.normal(jax.random.key(1), TINY["mlp"][1])
+    exact, _ = exact_model.apply(variables, x, train=True, mutable=["batch_stats"])
+    assert not np.allclose(paper, exact, rtol=1e-3)
+
+
+def test_calibration_is_ignored_by_l2_batch_norm():
+    # Only L-inf statistics have a calibration constant; L2 BN keeps its (unused) default.
+    model = models.create("mlp", num_classes=10, norm="bn", calibration="exact", **TINY["mlp"][0])
+    found = _batch_norm_calibrations(model, TINY["mlp"][1])
+    assert found and set(found.values()) == {"paper"}
+
+
+def test_weight_norm_g_init_options():
+    x = np.asarray(jax.random.normal(jax.random.key(1), (64, 12)) * 3.0 + 1.0, np.float64)
+    inits = {}
+    for g_init in ("norm", "ones", "data"):
+        model = models.create("mlp", num_classes=5, norm="wn", depth=2, width=16, g_init=g_init)
+        params = model.init(KEY, jnp.asarray(x, jnp.float32), train=False)["params"]
+        inits[g_init] = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    for g_init, params in inits.items():
+        assert set(params) == {"dense_0", "dense_1", "head"}
+        for layer in params.values():
+            v_norm = np.linalg.norm(layer["kernel"], axis=0)
+            if g_init == "norm":  # g = ||v||: W = v, the plain layer
+                np.testing.assert_allclose(layer["scale"], v_norm, rtol=1e-6)
+            elif g_init == "ones":
+                np.testing.assert_array_equal(layer["scale"], 1.0)
+    # "data" (Salimans & Kingma Sec. 3): every layer's pre-activations on the init batch have
+    # zero mean and unit variance per unit, recomputed here in float64 from the params.
+    h = x
+    for name in ("dense_0", "dense_1", "head"):
+        layer = inits["data"][name]
+        w = layer["scale"] * layer["kernel"] / np.linalg.norm(layer["kernel"], axis=0)
+        pre = h @ w + layer["bias"]
+        np.testing.assert_allclose(pre.mean(0), 0.0, atol=1e-4)
+        np.testing.assert_allclose(pre.var(0), 1.0, rtol=1e-3)
+        h = np.maximum(pre, 0.0)

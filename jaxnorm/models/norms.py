@@ -117,6 +117,11 @@ class NormLayers:
       kernel_init: initializer of every weight kernel.
       num_groups: groups for ``gn`` and ``ws`` (clipped per layer by :func:`groups_for`).
       topk: k of top-k L-inf BN (Hoffer et al.'s code uses 10).
+      calibration: the constant of L-inf / top-k BN (``linfbn``, ``topk``): ``"paper"`` (Hoffer
+        et al.'s ``C(n)``) or ``"exact"`` (``1 / E[max of n |N(0,1)|]``).
+      g_init: initialization of weight norm's ``g`` (``wn``): ``"norm"`` (``g = ||v||``, the plain
+        layer's function), ``"ones"`` (flax's ``g = 1``) or ``"data"`` (Salimans & Kingma, Sec. 3:
+        from the batch given to ``init``).
       virtual_batch_size: ghost-BN batch size.
       momentum: running-average momentum of every BatchNorm (Flax convention).
       epsilon: epsilon of every activation normalization.
@@ -129,6 +134,8 @@ class NormLayers:
     kernel_init: Initializer = KERNEL_INITS["kaiming"]
     num_groups: int = 32
     topk: int = 10
+    calibration: str = "paper"
+    g_init: str = "norm"
     virtual_batch_size: int = 32
     momentum: float = 0.9
     epsilon: float = 1e-5
@@ -151,6 +158,8 @@ class NormLayers:
             extra = dict(_BATCH_NORMS[norm])
             if norm == "topk":
                 extra["topk"] = self.topk
+            if norm in ("linfbn", "topk"):
+                extra["calibration"] = self.calibration
             if norm == "ghostbn":
                 extra["virtual_batch_size"] = self.virtual_batch_size
             return self._batch_norm(name, **extra)
@@ -211,7 +220,7 @@ class NormLayers:
         if norm == "ws":
             layer = jnn.WSConv(use_bias=False, **common)
         elif norm == "wn":
-            layer = jnn.WeightNormConv(use_bias=True, **common)
+            layer = jnn.WeightNormConv(use_bias=True, g_init=self.g_init, **common)
         elif norm == "swn":
             layer = jnn.ScaledWeightNormConv(gain=gain, use_bias=True, **common)
         elif norm == "bwn":
@@ -234,7 +243,7 @@ class NormLayers:
         if norm == "normprop":
             return jnn.NormPropDense(activation=act, **common)(x)
         if norm == "wn":
-            layer = jnn.WeightNormDense(use_bias=True, **common)
+            layer = jnn.WeightNormDense(use_bias=True, g_init=self.g_init, **common)
         elif norm == "swn":
             layer = jnn.ScaledWeightNormDense(gain=gain, use_bias=True, **common)
         elif norm == "bwn":
@@ -256,7 +265,7 @@ class NormLayers:
         common = dict(features=num_classes, kernel_init=self.kernel_init, dtype=self.dtype,
                       name=name)
         if self.norm == "wn":
-            layer = jnn.WeightNormDense(**common)
+            layer = jnn.WeightNormDense(g_init=self.g_init, **common)
         elif self.norm == "swn":
             layer = jnn.ScaledWeightNormDense(gain=1.0, **common)
         elif self.norm == "bwn":
@@ -273,7 +282,8 @@ class NormLayers:
 
 def norm_layers(
     norm: str = "bn", *, kernel_init: str | Initializer = "kaiming", num_groups: int = 32,
-    topk: int = 10, virtual_batch_size: int = 32, bn_momentum: float = 0.9,
+    topk: int = 10, calibration: str = "paper", g_init: str = "norm",
+    virtual_batch_size: int = 32, bn_momentum: float = 0.9,
     epsilon: float = 1e-5, axis_name: str | None = None, dtype: Any = None,
 ) -> NormLayers:
     """Validate the options and return the :class:`NormLayers` for ``norm``.
@@ -284,6 +294,11 @@ def norm_layers(
         initializer.
       num_groups: GroupNorm groups (``gn``, ``ws``); Wu & He use 32.
       topk: k for ``topk`` (Hoffer et al.'s code: 10).
+      calibration: ``"paper"`` or ``"exact"``: the constant of ``linfbn`` / ``topk`` (Hoffer et
+        al., Sec. 3 and suppl. Sec. 2; see :class:`jaxnorm.nn.BatchNorm`).
+      g_init: ``"norm"``, ``"ones"`` or ``"data"``: the init of ``wn``'s ``g`` (Salimans &
+        Kingma 2016, Sec. 3; see :class:`jaxnorm.nn.WeightNormDense`). ``"data"`` sets ``g`` and
+        the bias from the batch passed to ``model.init``, so pass a real batch there.
       virtual_batch_size: ghost-BN batch size (``ghostbn``).
       bn_momentum: BatchNorm running-average momentum (Flax convention, 0.9 = PyTorch's 0.1).
       epsilon: epsilon of the activation normalizations.
@@ -291,9 +306,12 @@ def norm_layers(
       dtype: computation dtype, e.g. ``jnp.bfloat16``.
 
     Raises:
-      ValueError: unknown ``norm`` or ``kernel_init``, or a non-positive count.
+      ValueError: unknown ``norm``, ``kernel_init``, ``calibration`` or ``g_init``, or a
+        non-positive count.
     """
     check_choice(norm, NORMS, "norm")
+    check_choice(calibration, ("paper", "exact"), "calibration")
+    check_choice(g_init, ("norm", "ones", "data"), "g_init")
     for argument, value in (("num_groups", num_groups), ("topk", topk),
                             ("virtual_batch_size", virtual_batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -304,5 +322,6 @@ def norm_layers(
         raise ValueError(f"epsilon must be a positive float, got {epsilon!r}")
     return NormLayers(
         norm=norm, kernel_init=resolve_kernel_init(kernel_init), num_groups=num_groups,
-        topk=topk, virtual_batch_size=virtual_batch_size, momentum=bn_momentum,
-        epsilon=epsilon, axis_name=axis_name, dtype=dtype)
+        topk=topk, calibration=calibration, g_init=g_init,
+        virtual_batch_size=virtual_batch_size, momentum=bn_momentum, epsilon=epsilon,
+        axis_name=axis_name, dtype=dtype)

@@ -82,8 +82,10 @@ def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> n
       norm: one of :data:`jaxnorm.models.norms.NORMS`.
       **kwargs: the model's own options (:func:`model_options`, e.g. ``depth``, ``width``,
         ``shortcut``, ``stem``, ``final_bn``) and the normalization options
-        (:data:`NORM_OPTIONS`: ``kernel_init``, ``num_groups``, ``topk``,
-        ``virtual_batch_size``, ``bn_momentum``, ``epsilon``, ``axis_name``, ``dtype``).
+        (:data:`NORM_OPTIONS`: ``kernel_init``, ``num_groups``, ``topk``, ``calibration``
+        (``linfbn`` / ``topk``: ``"paper"`` or ``"exact"``), ``g_init`` (``wn``: ``"norm"``,
+        ``"ones"`` or ``"data"``), ``virtual_batch_size``, ``bn_momentum``, ``epsilon``,
+        ``axis_name``, ``dtype``).
 
     Returns:
       A ``flax.linen`` module; call ``model.apply(variables, x, train=..., mutable=[...])``
