@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from experiments import __main__ as cli
-from experiments.scripts import bn_constant, grid
+from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm, wd_time
 from jaxnorm.train import experiment
 
 REPRO_CONFIGS = (
@@ -23,6 +23,8 @@ REPRO_CONFIGS = (
     "fmnist_norm_matters",
     "fmnist_wrs",
     "fmnist_small_batch",
+    "fmnist_enorm_nv",
+    "fmnist_wd_time",
     "cifar10_enorm_fc",
     "cifar10_enorm_nv",
     "cifar10_resnet56_norm_matters",
@@ -146,3 +148,82 @@ def test_wrs_state_wrapper_rescales_weights_every_tau_updates(monkeypatch):
         norms.append(np.linalg.norm(np.asarray(params["w"]), axis=0))
     assert not np.allclose(norms[0], 1.0)
     np.testing.assert_allclose(norms[1], 1.0, rtol=1e-6)
+
+
+def test_enorm_nv_spec_covers_every_hidden_conv():
+    """With the BN after the classifier the net is no chain; discover finds the 8 conv junctions."""
+    config = experiment.experiment_defaults()
+    config.update(grid.load_module("fmnist_enorm_nv").get_config())
+    spec = enorm_nv.enorm_spec(config)
+    assert len(spec) == 8
+    assert [j.producers[-1][0] for j in spec] == [(f"conv_{i}", "kernel") for i in range(8)]
+    assert spec[-1].consumers[0][0] == ("head", "kernel")
+    overrides = enorm_nv.with_spec(grid.load_module("fmnist_enorm_nv").VARIANTS["enorm-1.2"], spec)
+    assert overrides["optimizer.wrapper_kwargs"]["enorm"] == {"c": 1.2, "spec": spec}
+
+
+@needs_fmnist
+def test_enorm_nv_enorm_variant_trains_two_steps():
+    module = grid.load_module("fmnist_enorm_nv")
+    base = module.get_config()
+    with base.unlocked():
+        base.model.kwargs.widths = (4, 4, 4)
+    full = experiment.experiment_defaults()
+    full.update(base)
+    overrides = {**enorm_nv.cell_overrides(8, "momentum", module.learning_rate),
+                 **enorm_nv.with_spec(module.VARIANTS["enorm-1.2"], enorm_nv.enorm_spec(full)),
+                 "num_steps": 2, "dataset.train_split": "train[:64]", "dataset.eval_split": "test[:64]"}
+    result = grid.run_one(base, overrides, seed=0)
+    assert result["steps"] == 2 and math.isfinite(result["train_loss"])
+
+
+def test_window_regularizer_wd_acts_only_inside_its_window():
+    import optax
+
+    tx = wd_time.window_regularizer(optax.sgd(1.0), kind="wd", start=1, end=3, weight_decay=0.1)
+    params = {"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3)}}
+    state = tx.init(params)
+    kernels = []
+    for _ in range(4):
+        zero = jax.tree.map(jnp.zeros_like, params)
+        updates, state = tx.update(zero, state, params)
+        params = optax.apply_updates(params, updates)
+        kernels.append(float(params["dense"]["kernel"][0, 0]))
+    np.testing.assert_allclose(kernels, [1.0, 0.9, 0.81, 0.81], rtol=1e-6)
+    np.testing.assert_array_equal(params["dense"]["bias"], 1.0)  # not a kernel: no decay
+
+
+def test_window_regularizer_wrs_rescales_only_inside_its_window():
+    import optax
+
+    tx = wd_time.window_regularizer(optax.sgd(1.0), kind="wrs", start=2, end=3, tau=1)
+    params = {"w": jnp.full((3, 2), 2.0)}
+    state = tx.init(params)
+    norms = []
+    for _ in range(4):
+        updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
+        params = optax.apply_updates(params, updates)
+        norms.append(float(jnp.linalg.norm(params["w"][:, 0])))
+    # w = 2 - k per element outside the window; update 2 (inside) rescales w = -1 to -1/sqrt(3).
+    np.testing.assert_allclose(norms, [np.sqrt(3), 0.0, 1.0, np.sqrt(3) + 1], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="kind"):
+        wd_time.window_regularizer(optax.sgd(1.0), kind="l1", start=0, end=1)
+
+
+def test_implicit_imbalance_matches_numpy_and_vanishes_after_balancing(x64):
+    from jaxnorm.enorm import chain, enorm_balance
+
+    rng = np.random.default_rng(0)
+    params = {"dense_0": {"kernel": rng.normal(size=(5, 4)) * 3, "bias": rng.normal(size=4)},
+              "dense_1": {"kernel": rng.normal(size=(4, 6)), "bias": rng.normal(size=6)},
+              "head": {"kernel": rng.normal(size=(6, 2)) * 0.5, "bias": rng.normal(size=2)}}
+    spec = chain(params)
+    expected = []
+    for a, b in (("dense_0", "dense_1"), ("dense_1", "head")):
+        incoming = np.linalg.norm(params[a]["kernel"], axis=0)
+        outgoing = np.linalg.norm(params[b]["kernel"], axis=1)
+        expected.append(np.abs(np.log(outgoing / incoming)))
+    got = implicit_enorm.imbalance(jax.tree.map(jnp.asarray, params), spec)
+    np.testing.assert_allclose(got, np.mean(np.concatenate(expected)), rtol=1e-5)
+    balanced = enorm_balance(jax.tree.map(jnp.asarray, params), spec, cycles=200)
+    assert implicit_enorm.imbalance(balanced, spec) < 1e-4

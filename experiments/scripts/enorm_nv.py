@@ -1,0 +1,156 @@
+"""ENorm CIFAR-NV batch-size tables (Stock et al. Tables 2, 3, 5, 6) on Fashion-MNIST: every cell, one figure.
+
+Runs the ``fmnist_enorm_nv`` variants (baseline, BN, GN, ENorm-1, ENorm-1.2; baseline and ENorm
+with the paper's BatchNorm after the classifier) for every batch size, with SGD without momentum
+(Tables 2 / 5) and with momentum 0.9 (Tables 3 / 6), over ``--seeds``; prints one Markdown table
+per optimizer (rows: batch sizes, columns: variants, test accuracy mean ± std over seeds) and plots
+test accuracy against the batch size (``<out>/fmnist_enorm_nv.png``).
+
+The BatchNorm after the classifier makes the network a non-chain for
+:func:`jaxnorm.enorm.chain`, so the ENorm junctions are found once with
+:func:`jaxnorm.enorm.discover` (8 junctions: the hidden units of the 8 convs, the last one
+consumed by the classifier) and passed to the ``enorm`` wrapper as its ``spec``.
+
+    python experiments/scripts/enorm_nv.py [--batch-sizes 8 32 128] [--optimizers sgd momentum]
+        [--seeds 0] [--only bn enorm-1.2] [--set num_epochs=2] [--json runs/enorm_nv.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from experiments.scripts import grid
+from jaxnorm import data
+from jaxnorm.enorm import discover
+from jaxnorm.train import experiment
+from jaxnorm.train.sharding import DataParallel
+
+CONFIG = "fmnist_enorm_nv"
+OPTIMIZERS = {"sgd": 0.0, "momentum": 0.9}
+"""Optimizer name -> momentum (Tables 2 / 5: none; Tables 3 / 6: 0.9)."""
+
+
+def enorm_spec(config) -> tuple:
+    """The ENorm junctions of ``config``'s model (with its final BN), found by tracing it."""
+    model = experiment.build_model(config, data.info(config.dataset.name).num_classes,
+                                   DataParallel("jit"))
+    x = jnp.zeros((2, *data.info(config.dataset.name).image_shape), jnp.float32)
+    variables = model.init(jax.random.key(0), x, train=False)
+    spec = discover(lambda p, x: model.apply({**variables, "params": p}, x, train=False),
+                    variables["params"], x)
+    return tuple(spec)
+
+
+def cell_overrides(batch_size: int, optimizer: str, lr_of) -> dict[str, Any]:
+    """The config keys of one table cell (batch size, optimizer)."""
+    lr = lr_of(batch_size, OPTIMIZERS[optimizer])
+    return {"dataset.batch_size": batch_size, "optimizer.name": optimizer,
+            "optimizer.momentum": OPTIMIZERS[optimizer], "optimizer.learning_rate": lr}
+
+
+def with_spec(overrides: Mapping[str, Any], spec: tuple) -> dict[str, Any]:
+    """``overrides`` with the discovered spec added to an ENorm wrapper's kwargs."""
+    out = dict(overrides)
+    if "enorm" in tuple(out.get("optimizer.wrappers", ())):
+        kwargs = dict(out["optimizer.wrapper_kwargs"]["enorm"])
+        out["optimizer.wrapper_kwargs"] = {"enorm": {**kwargs, "spec": spec}}
+    return out
+
+
+def tables(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]]) -> str:
+    """One Markdown table per optimizer: batch sizes x variants, test accuracy (%) mean ± std."""
+    out = []
+    for optimizer, by_batch in results.items():
+        variants = list(next(iter(by_batch.values())))
+        out += [f"{optimizer} (momentum {OPTIMIZERS[optimizer]:g}):", "",
+                "| batch | " + " | ".join(variants) + " |",
+                "| --- |" + " --- |" * len(variants)]
+        for batch, accs in by_batch.items():
+            out.append(f"| {batch} | " + " | ".join(grid.fmt(accs[v], 100) for v in variants) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]], path: str) -> None:
+    """Test accuracy against the batch size, one panel per optimizer (error bars: std)."""
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, (optimizer, by_batch) in zip(axes[0], results.items(), strict=True):
+        batches = list(by_batch)
+        for variant in next(iter(by_batch.values())):
+            acc = np.array([np.nan_to_num(np.asarray(by_batch[b][variant]) * 100, nan=10.0)
+                            for b in batches])
+            ax.errorbar(batches, acc.mean(1), yerr=acc.std(1), marker="o", capsize=3, label=variant)
+        ax.set(xscale="log", xlabel="batch size", ylabel="test accuracy (%)",
+               title=f"CIFAR-NV (narrow) on Fashion-MNIST, {optimizer}")
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[8, 32, 128])
+    parser.add_argument("--optimizers", nargs="*", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0])
+    parser.add_argument("--only", nargs="*", help="run only these variants")
+    parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
+    parser.add_argument("--out", default="experiments/figures")
+    parser.add_argument("--json", default="", help="also write the accuracies here")
+    args = parser.parse_args(argv)
+
+    module = grid.load_module(CONFIG)
+    base = module.get_config()
+    for item in args.set:
+        key, value = item.split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        grid.set_dotted(base, key, value)
+    full = experiment.experiment_defaults()
+    full.update(base)
+    spec = enorm_spec(full)
+    variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
+    results: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for optimizer in args.optimizers:
+        results[optimizer] = {}
+        for batch in args.batch_sizes:
+            cell = cell_overrides(batch, optimizer, module.learning_rate)
+            results[optimizer][batch] = {}
+            for name, overrides in variants.items():
+                accs = results[optimizer][batch][name] = []
+                for seed in args.seeds:
+                    r = grid.run_one(base, {**cell, **with_spec(overrides, spec)}, seed)
+                    accs.append(r["eval_accuracy"] if np.isfinite(r["train_loss"]) else float("nan"))
+                    print(f"{optimizer} batch {batch} {name} seed {seed}: test acc "
+                          f"{100 * r['eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
+                          f"{r['seconds']:.0f} s", flush=True)
+    print(tables(results))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{CONFIG}.png")
+    plot(results, path)
+    print(f"wrote {path}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
