@@ -1,5 +1,6 @@
 """The functional core against float64 NumPy oracles, gradient checks, invariances and bad input."""
 
+import functools
 import math
 
 import jax
@@ -191,6 +192,71 @@ def test_cancellation_case_normalizes_to_unit_std():
         y = F.batch_norm(x, use_fast_variance=fast, epsilon=1e-12)
         np.testing.assert_allclose(jnp.std(y, axis=0), 1.0, rtol=1e-3)
     np.testing.assert_allclose(F.layer_norm(x.T, epsilon=1e-12).std(axis=-1), 1.0, rtol=1e-3)
+    grouped = F.group_norm(x.reshape(64, 8, 8), 2, epsilon=1e-12)
+    np.testing.assert_allclose(grouped.std(axis=(1, 2)), 1.0, rtol=1e-3)
+    # L1 / L∞: centred to within the float32 resolution of the mean (ulp(1000) / 2 = 0.3 % of the std)
+    for p in (1, "inf"):
+        y = F.batch_norm(x, p=p, epsilon=1e-12)
+        np.testing.assert_allclose(jnp.mean(y, axis=0), 0.0, atol=1e-2)
+        want = np.sqrt(oracles.batch_moments(np.asarray(x, np.float64), p)[1] / np.var(x, axis=0))
+        np.testing.assert_allclose(jnp.std(y, axis=0), 1 / want, rtol=5e-3)
+
+
+@pytest.mark.parametrize("p", [*P_VALUES, "top3"])
+@pytest.mark.parametrize("offset", [0.5, 5.0, 50.0, 1e5])
+def test_float32_statistics_accurate_whatever_the_mean(p, offset):
+    """Per-channel means of +-offset std: below CONDITION_LIMIT the one-pass raw sums are kept, above it
+    (50, 1e5) the shifted pass runs; both must match float64 statistics of the same float32 data."""
+    signs = np.array([1.0, -1.0, 0.5, -2.0, 1.5, -0.25])
+    x = (_normal((256, 6), seed=21) + offset * signs).astype(np.float32)
+    p, topk = ("inf", 3) if p == "top3" else (p, None)
+    mean, sigma = F.batch_stats(jnp.asarray(x), p=p, topk=topk)
+    want_mean, want_var = oracles.batch_moments(x.astype(np.float64), p, topk=topk)
+    ulp = np.spacing(np.abs(want_mean).astype(np.float32))
+    np.testing.assert_allclose(mean, want_mean, rtol=0, atol=4 * ulp.max() + 1e-6)
+    # at 1e5 the float32 mean itself is only known to ulp(1e5) / 2 = 0.004 std, which the L∞ range inherits
+    np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=2e-5 if offset < 1e5 else 5e-3)
+
+
+@pytest.mark.parametrize("p", P_VALUES)
+def test_float32_gradients_accurate_in_cancellation_case(p):
+    """Mean 1000 std: the float32 gradient of batch norm equals the float64 one on the same data.
+
+    (With the raw float32 sums, the variance would be off by ~6e-8 * 1000^2, i.e. 6 %.)"""
+    x = _normal((128, 4), seed=22, loc=1000.0, scale=1.0).astype(np.float32)
+    cotangent = _normal((128, 4), seed=23)
+
+    def grad(x):
+        ct = jnp.asarray(cotangent, x.dtype)
+        return jax.grad(lambda x: jnp.sum(F.batch_norm(x, p=p, epsilon=1e-12) * ct))(x)
+
+    got = grad(jnp.asarray(x))
+    with oracles.float64():
+        want = np.asarray(grad(jnp.asarray(x, jnp.float64)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max())
+
+
+def test_linf_gradient_shares_tied_extremes_equally(x64):
+    """d max|x - mean| / dx_i = 1/|T| on the tied extremes T (far side of the mean) - 1/n: written out."""
+    x = _normal((10, 2), seed=24)
+    x[[2, 7], 0] = 9.0  # two tied maxima, far above the mean
+    x[[1, 4, 8], 1] = -6.0  # three tied minima, far below the mean
+    got = jax.grad(lambda x: jnp.sum(F.batch_stats(x, p="inf")[1]))(jnp.asarray(x))
+    want = np.full_like(x, -1 / 10)
+    want[[2, 7], 0] += 1 / 2
+    want[:, 1] = 1 / 10
+    want[[1, 4, 8], 1] -= 1 / 3
+    np.testing.assert_allclose(got, oracles.linf_c(10) * want, rtol=1e-12, atol=1e-15)
+
+
+def test_vmap_over_differently_conditioned_inputs():
+    """A batched cond predicate (one slice needs the shifted pass, one does not) gives per-slice results."""
+    xs = np.stack([_normal((64, 3), seed=25), _normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
+    xs = jnp.asarray(xs.astype(np.float32))
+    for p in P_VALUES:
+        norm = functools.partial(F.batch_norm, p=p, epsilon=1e-12)
+        for got, x in zip(jax.vmap(norm)(xs), xs, strict=True):
+            np.testing.assert_allclose(got, norm(x), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("p", P_VALUES)

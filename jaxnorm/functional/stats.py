@@ -26,6 +26,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -129,6 +130,15 @@ def _stats_dtype(x: jnp.ndarray) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
+CONDITION_LIMIT = 32.0
+"""Largest ``mean^2 / var`` of a group for which :func:`local_moments` keeps the one-pass raw sums.
+
+The raw-sum variance ``(sum x^2 - (sum x)^2 / n) / n`` loses ``log2(1 + mean^2 / var)`` bits to
+cancellation; up to 32 this is at most 5 bits, about the rounding error of a float32 sum of a
+few thousand terms. Beyond it (and for zero variance with a non-zero mean) the moments are recomputed
+about the mean."""
+
+
 def local_moments(
     x: jnp.ndarray,
     axes: tuple[int, ...],
@@ -137,43 +147,75 @@ def local_moments(
     with_m2: bool = True,
     one_pass: bool = True,
 ) -> Moments:
-    """Count, mean and M2 of ``x`` over ``axes`` (keepdims), on data shifted by its first element.
+    """Count, mean and M2 of ``x`` over ``axes`` (keepdims), accurate whatever the mean.
 
-    ``one_pass=True`` takes ``M2 = sum(d^2) - sum(d)^2 / n`` with ``d = x - x_first``: one read of
-    ``x``, and stable because the shift is a sample of the same group (the cancellation is relative to
-    ``(mean - shift)^2 / var``, about 1, not ``mean^2 / var``). ``one_pass=False`` takes the exact
-    two-pass ``sum((x - mean)^2)``.
+    ``one_pass=True`` (the default) reads ``x`` once for ``sum x`` and ``sum x^2`` (the sums XLA's CPU
+    and GPU reductions run fastest) and keeps ``M2 = sum x^2 - (sum x)^2 / n`` when every group is
+    well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the cancellation case, e.g. float32
+    data with mean 1000 and std 0.01, where this M2 is pure rounding noise (flax's
+    ``use_fast_variance``) — a :func:`jax.lax.cond` takes a second pass on data shifted by that mean,
+    ``M2 = sum d^2 - (sum d)^2 / n`` with ``d = x - mean`` (the shifted-data algorithm: the correction
+    term removes the error of the shift), and corrects the mean by ``sum d / n``. Only one branch runs
+    (both under ``vmap`` with a batched predicate). ``one_pass=False`` always takes the shifted pass.
+    Either way the derivatives are the exact ones, ``d mean = sum(dx) / n`` and
+    ``d M2 = 2 sum((x - mean) dx)`` (a custom JVP: the branch taken does not change the backward pass).
     """
     dtype = _stats_dtype(x)
-    first = tuple(slice(0, 1) if a in axes else slice(None) for a in range(x.ndim))
-    shift = lax.stop_gradient(x[first].astype(dtype))
-
-    def centred(reference: jnp.ndarray) -> jnp.ndarray:
-        d = x.astype(dtype) - reference
-        return d if mask is None else jnp.where(mask, d, 0)
-
+    values = x.astype(dtype)
     if mask is None:
         count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
     else:
+        values = jnp.where(mask, values, 0)
         count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
-    safe_count = jnp.maximum(count, 1)
-    s1 = jnp.sum(centred(shift), axis=axes, keepdims=True)
-    mean = shift + s1 / safe_count
     if not with_m2:
-        return Moments(count, mean, None)
-    if one_pass:
-        # A distinct (barrier) copy of the shift makes the second reduction a different HLO value, so
-        # XLA fuses each sum with its own read of x instead of writing ``x - shift`` to memory.
-        sum_sq = jnp.sum(jnp.square(centred(_distinct(shift))), axis=axes, keepdims=True)
-        m2 = jnp.maximum(sum_sq - s1 * s1 / safe_count, 0)
-    else:
-        m2 = jnp.sum(jnp.square(centred(mean)), axis=axes, keepdims=True)
-    return Moments(count, mean, m2)
+        return Moments(count, jnp.sum(values, axis=axes, keepdims=True) / jnp.maximum(count, 1), None)
+    return Moments(count, *_mean_m2(values, count, mask, axes, one_pass))
 
 
-def _distinct(stat: jnp.ndarray) -> jnp.ndarray:
-    """The same small statistic as a separate HLO value (keeps XLA from sharing a full-size temporary)."""
-    return lax.optimization_barrier(stat)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _mean_m2(
+    values: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Mean and M2 of ``values`` (zero where masked) over ``axes``; see :func:`local_moments`."""
+    safe_count = jnp.maximum(count, 1)
+    total = jnp.sum(values, axis=axes, keepdims=True)
+    mean = total / safe_count
+
+    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        d = values - mean
+        if mask is not None:
+            d = jnp.where(mask, d, 0)
+        d_total = jnp.sum(d, axis=axes, keepdims=True)
+        m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
+        return mean + d_total / safe_count, jnp.maximum(m2, 0)
+
+    if not one_pass:
+        return shifted_pass()
+    raw_m2 = jnp.sum(jnp.square(values), axis=axes, keepdims=True) - total * mean
+    well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
+    return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), shifted_pass)
+
+
+@_mean_m2.defjvp
+def _mean_m2_jvp(axes, one_pass, primals, tangents):
+    values, count, mask = primals
+    values_dot = tangents[0]
+    mean, m2 = _mean_m2(values, count, mask, axes, one_pass)
+    mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
+    # a distinct copy of the mean: ``values - mean`` is then not shared with the caller's ``x - mean``,
+    # which XLA would write to memory rather than recompute inside each of the two reductions
+    m2_dot = 2 * jnp.sum((values - _distinct(mean)) * values_dot, axis=axes, keepdims=True)
+    return (mean, m2), (mean_dot, m2_dot)
+
+
+def _distinct(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
+    """The same small statistic as a separate HLO value (keeps XLA from sharing a full-size temporary).
+
+    XLA writes an elementwise expression of ``x`` to memory when a reduction and another consumer share
+    it, rather than recomputing it in each; a reduction over ``x - _distinct(mean)`` shares nothing with
+    ``x - mean``. Different ``tag`` values give copies that are distinct from each other too.
+    """
+    return lax.optimization_barrier((stat,) * (tag + 1))[tag]
 
 
 def combine_moments(moments: Moments, axis: int) -> Moments:
@@ -285,6 +327,11 @@ def dispersion_moments(
     The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
     reduction; ``axis_name`` merges devices (L2: one all-gather of (count, mean, M2); L1 / L∞: the mean
     first, then one psum / pmax / gathered top-k of the deviations — the deviations need the global mean).
+
+    L∞ takes ``max |x - mu| = max(max x - mu, mu - min x)``: two plain reductions of ``x``, no pass over
+    the deviations. For L1, L∞ and top-k the mean is the plain ``sum x / n``: XLA reduces in a tree, so
+    its error is a few float32 ulps of the mean, the resolution of the data at that magnitude anyway
+    (the cancellation that needs care is the variance's, handled in :func:`local_moments`).
     """
     moments = local_moments(x, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass)
     moments = _group_combine(moments, groups)
@@ -292,31 +339,108 @@ def dispersion_moments(
         moments = _gather_combine(moments, axis_name, axis_index_groups)
     if mean_only:
         return moments.mean, None
-    count = moments.count
+    count, mean = moments.count, moments.mean
     if p == 2:
-        return moments.mean, moments.m2 / jnp.maximum(count, 1)
+        return mean, moments.m2 / jnp.maximum(count, 1)
 
-    deviation = jnp.abs(x.astype(moments.mean.dtype) - _distinct(moments.mean))
+    def reduce(stat: jnp.ndarray, op, collective) -> jnp.ndarray:
+        stat = _group_reduce(stat, groups, op)
+        return stat if axis_name is None else collective(stat, axis_name, axis_index_groups=axis_index_groups)
+
+    def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
+        return reduce(stat, jnp.sum, lax.psum)
+
+    values = x.astype(mean.dtype)
     if topk is not None:
+        deviation = jnp.abs(values - _distinct(mean))
         dispersion = _topk_mean(deviation, axes, topk, mask, count, axis_name, axis_index_groups)
     elif p == 1:
-        total = jnp.sum(deviation if mask is None else jnp.where(mask, deviation, 0), axes, keepdims=True)
-        total = _group_reduce(total, groups, jnp.sum)
-        if axis_name is not None:
-            total = lax.psum(total, axis_name, axis_index_groups=axis_index_groups)
+        total = _abs_deviation_sum(values, mean, mask, axes, reduce_sum)
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
-        largest = jnp.max(deviation if mask is None else jnp.where(mask, deviation, 0), axes, keepdims=True)
-        largest = _group_reduce(largest, groups, jnp.max)
-        if axis_name is not None:
-            largest = lax.pmax(largest, axis_name, axis_index_groups=axis_index_groups)
-        dispersion = largest
+        high = jnp.max(values if mask is None else jnp.where(mask, values, -jnp.inf), axes, keepdims=True)
+        low = jnp.min(values if mask is None else jnp.where(mask, values, jnp.inf), axes, keepdims=True)
+        high, low = lax.stop_gradient((reduce(high, jnp.max, lax.pmax), reduce(low, jnp.min, lax.pmin)))
+        dispersion = _max_deviation(values, mean, high, low, mask, axes, reduce_sum)
     if p == "inf":
         if calibration == "exact":
             dispersion = dispersion / expected_topk_abs_normal(count, topk or 1).astype(dispersion.dtype)
         else:
             dispersion = dispersion * linf_constant(count).astype(dispersion.dtype)
-    return moments.mean, jnp.square(dispersion)
+    return mean, jnp.square(dispersion)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _abs_deviation_sum(
+    values: jnp.ndarray, mean: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], reduce_sum
+) -> jnp.ndarray:
+    """``sum |x - mean|`` over ``axes`` (masked; merged by ``reduce_sum`` over group channels and devices).
+
+    Custom JVP ``sum(sign(x - mean) dx) - dmean * sum(sign(x - mean))``: the second sum is its own
+    fused reduction, where autodiff writes a full-size temporary to reduce it.
+    """
+    deviation = jnp.abs(values - _distinct(mean))
+    deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
+    return reduce_sum(jnp.sum(deviation, axes, keepdims=True))
+
+
+@_abs_deviation_sum.defjvp
+def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
+    values, mean, mask = primals
+    values_dot, mean_dot = tangents[0], tangents[1]
+
+    def masked(signs: jnp.ndarray) -> jnp.ndarray:
+        return signs if mask is None else jnp.where(mask, signs, 0)
+
+    total = _abs_deviation_sum(values, mean, mask, axes, reduce_sum)
+    balance = reduce_sum(jnp.sum(masked(_sign(values - _distinct(mean, tag=1))), axes, keepdims=True))
+    picked = reduce_sum(jnp.sum(masked(_sign(values - mean)) * values_dot, axes, keepdims=True))
+    return total, picked - mean_dot * balance
+
+
+def _sign(d: jnp.ndarray) -> jnp.ndarray:
+    """``jnp.sign(d)`` as two selects: XLA's CPU reductions run ``sign`` more than ten times slower."""
+    return jnp.where(d > 0, 1, jnp.where(d < 0, -1, 0)).astype(d.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
+def _max_deviation(
+    values: jnp.ndarray,
+    mean: jnp.ndarray,
+    high: jnp.ndarray,
+    low: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    reduce_sum,
+) -> jnp.ndarray:
+    """``max |x - mean| = max(high - mean, mean - low)`` from the extremes of the group (0 if it is empty).
+
+    Its derivative (custom JVP) goes to the elements equal to the extreme on the far side of the mean,
+    shared equally among ties, minus the mean's: one fused counting pass, where ``jnp.max``'s own rule
+    writes a full-size indicator for each of the two extremes. Zero where the dispersion is zero.
+    ``reduce_sum`` merges a per-channel sum over the channels of a group and the devices.
+    """
+    del values, mask, axes, reduce_sum
+    return jnp.maximum(jnp.maximum(high - mean, mean - low), 0)
+
+
+@_max_deviation.defjvp
+def _max_deviation_jvp(axes, reduce_sum, primals, tangents):
+    values, mean, high, low, mask = primals
+    values_dot, mean_dot = tangents[0], tangents[1]
+    dispersion = _max_deviation(values, mean, high, low, mask, axes, reduce_sum)
+    upper = high - mean >= mean - low
+    extreme = jnp.where(upper, high, low)
+
+    def hits(extreme: jnp.ndarray) -> jnp.ndarray:
+        hit = values == extreme
+        return hit if mask is None else hit & mask
+
+    # the count compares against a distinct copy of the extreme, so XLA fuses it into its reduction
+    count = reduce_sum(jnp.sum(hits(_distinct(extreme)), axes, keepdims=True, dtype=values.dtype))
+    picked = reduce_sum(jnp.sum(jnp.where(hits(extreme), values_dot, 0), axes, keepdims=True))
+    slope = jnp.where(upper, 1, -1).astype(values.dtype) * (picked / jnp.maximum(count, 1) - mean_dot)
+    return dispersion, jnp.where(dispersion > 0, slope, 0)
 
 
 def _topk_mean(deviation, axes, k, mask, count, axis_name, axis_index_groups):
