@@ -149,16 +149,24 @@ def local_moments(
 ) -> Moments:
     """Count, mean and M2 of ``x`` over ``axes`` (keepdims), accurate whatever the mean.
 
-    ``one_pass=True`` (the default) reads ``x`` once for ``sum x`` and ``sum x^2`` (the sums XLA's CPU
-    and GPU reductions run fastest) and keeps ``M2 = sum x^2 - (sum x)^2 / n`` when every group is
-    well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the cancellation case, e.g. float32
-    data with mean 1000 and std 0.01, where this M2 is pure rounding noise (flax's
-    ``use_fast_variance``) — a :func:`jax.lax.cond` takes a second pass on data shifted by that mean,
-    ``M2 = sum d^2 - (sum d)^2 / n`` with ``d = x - mean`` (the shifted-data algorithm: the correction
-    term removes the error of the shift), and corrects the mean by ``sum d / n``. Only one branch runs
-    (both under ``vmap`` with a batched predicate). ``one_pass=False`` always takes the shifted pass.
-    Either way the derivatives are the exact ones, ``d mean = sum(dx) / n`` and
-    ``d M2 = 2 sum((x - mean) dx)`` (a custom JVP: the branch taken does not change the backward pass).
+    Two ways to M2, each run where XLA (CPU and GPU) makes it cheapest:
+
+    - Reductions over the last (contiguous) axis — layer norm, RMS-style per-example norms — take the
+      exact two passes ``M2 = sum (x - mean)^2``: XLA fuses the whole normalization of a row into one
+      kernel, so the second pass costs nothing.
+    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for
+      ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
+      when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
+      cancellation case, e.g. float32 data with mean 1000 and std 0.01, where that M2 is pure rounding
+      noise (flax's ``use_fast_variance``) — a :func:`jax.lax.cond` takes a second pass on the data
+      shifted by that mean, ``d = x - mean``: ``M2 = sum d^2 - (sum d)^2 / n`` and ``mean + sum d / n``
+      (the shifted-data algorithm: exact whatever the rounding of the shift, which matters when
+      group norm merges channel means). Only one branch runs (both under ``vmap`` with a batched
+      predicate). ``one_pass=False`` always takes the shifted pass.
+
+    The mean is otherwise ``sum x / n`` (XLA reduces in a tree: a few ulps). The derivatives are the
+    exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the branch
+    taken does not change the backward pass.
     """
     dtype = _stats_dtype(x)
     values = x.astype(dtype)
@@ -177,18 +185,32 @@ def _mean_m2(
     values: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Mean and M2 of ``values`` (zero where masked) over ``axes``; see :func:`local_moments`."""
+    return _mean_m2_value(values, count, mask, axes, one_pass, opaque_mean=False)
+
+
+def _mean_m2_value(values, count, mask, axes, one_pass, *, opaque_mean: bool):
+    """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a :func:`_distinct` copy of the mean: under
+    differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
+    out; without it, a row's whole normalization stays one fused kernel."""
     safe_count = jnp.maximum(count, 1)
     total = jnp.sum(values, axis=axes, keepdims=True)
     mean = total / safe_count
 
+    def centred_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        d = values - (_distinct(mean) if opaque_mean else mean)
+        d = d if mask is None else jnp.where(mask, d, 0)
+        return mean, jnp.sum(jnp.square(d), axis=axes, keepdims=True)
+
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        d = values - mean
-        if mask is not None:
-            d = jnp.where(mask, d, 0)
+        # the shifted-data algorithm: exact whatever the rounding error of the shift (the raw mean)
+        d = values - _distinct(mean)
+        d = d if mask is None else jnp.where(mask, d, 0)
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
 
+    if values.ndim - 1 in axes:
+        return centred_pass()
     if not one_pass:
         return shifted_pass()
     raw_m2 = jnp.sum(jnp.square(values), axis=axes, keepdims=True) - total * mean
@@ -200,11 +222,11 @@ def _mean_m2(
 def _mean_m2_jvp(axes, one_pass, primals, tangents):
     values, count, mask = primals
     values_dot = tangents[0]
-    mean, m2 = _mean_m2(values, count, mask, axes, one_pass)
+    mean, m2 = _mean_m2_value(values, count, mask, axes, one_pass, opaque_mean=True)
     mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
     # a distinct copy of the mean: ``values - mean`` is then not shared with the caller's ``x - mean``,
     # which XLA would write to memory rather than recompute inside each of the two reductions
-    m2_dot = 2 * jnp.sum((values - _distinct(mean)) * values_dot, axis=axes, keepdims=True)
+    m2_dot = 2 * jnp.sum((values - _distinct(mean, tag=1)) * values_dot, axis=axes, keepdims=True)
     return (mean, m2), (mean_dot, m2_dot)
 
 
