@@ -12,12 +12,15 @@ data (Hoffer et al., *Norm matters*, NeurIPS 2018, Sec. 3; supplementary Sec. 2,
 The functions return ``var = sigma_hat**2`` so that normalization is ``(x - mu) * rsqrt(var + eps)``
 for every ``p`` — the train and eval paths share one formula and, for ``p = 2``, it is exactly flax's.
 
-Numerics. Statistics are accumulated in float32 (or float64) for half-precision inputs. Sums are taken
-on data shifted by one sample per group (``x - x[first]``, the *shifted-data* algorithm): this removes
-the catastrophic cancellation of ``E[x^2] - E[x]^2`` (flax's ``use_fast_variance``; float32 data with
-mean 1000 and std 0.01 gives variance 0 there) while keeping a single pass over the data. Partial
-moments — per device, per channel of a group — are merged with Chan et al.'s pairwise formula
-(``count``, ``mean``, ``M2``), which is exact for unequal counts (masks) and needs one collective.
+Numerics. Statistics are accumulated in float32 (or float64) for half-precision inputs. Batch-style
+reductions read ``x`` once for ``sum x`` and ``sum x^2``, as flax does, but check the conditioning of
+every group: where ``E[x^2] - E[x]^2`` would cancel catastrophically (flax's ``use_fast_variance``;
+float32 data with mean 1000 and std 0.01 gives variance 0 there), a :func:`jax.lax.cond` recomputes
+the moments about the mean with the *shifted-data* algorithm. Reductions over the last axis (layer
+norm) take the exact two passes, which XLA fuses into one kernel per row. Partial moments — per device,
+per channel of a group — are merged with Chan et al.'s pairwise formula (``count``, ``mean``, ``M2``),
+exact for unequal counts (masks) and needing one collective. Derivatives are hand-written (custom
+JVPs) where autodiff would write full-size temporaries: see :func:`local_moments`.
 
 References:
   Hoffer, Banner, Golan & Soudry, *Norm matters*, NeurIPS 2018, Sec. 3 and supplementary Sec. 2.
@@ -188,7 +191,15 @@ def _mean_m2(
     return _mean_m2_value(values, count, mask, axes, one_pass, opaque_mean=False)
 
 
-def _mean_m2_value(values, count, mask, axes, one_pass, *, opaque_mean: bool):
+def _mean_m2_value(
+    values: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    one_pass: bool,
+    *,
+    opaque_mean: bool,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a :func:`_distinct` copy of the mean: under
     differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
     out; without it, a row's whole normalization stays one fused kernel."""
