@@ -16,7 +16,12 @@ SGD without momentum, batch 256, weight decay 1e-3 on the kernels, lr 0.05 decay
 - ``enorm-1.2 from step N``: balancing starts after ``--start`` plain SGD steps;
 - ``enorm-1, every junction``: the reference that trains.
 
-    python experiments/scripts/enorm_c_depth.py [--depth 16] [--seeds 0 1] [--start 100]
+``--c`` changes c in the first four (e.g. 1.1 ~ sqrt(1.2): the per-junction ratio that the
+weighted objective of Sec. 3.7, Eq. 12, gives if its weights are ``c^(q-k)`` rather than
+``c^(p (q-k))``), ``--lr`` the learning rate.
+
+    python experiments/scripts/enorm_c_depth.py [--depth 16] [--seeds 0 1] [--start 100] [--c 1.2]
+        [--lr 0.05] [--only "enorm-1.2, every junction"]
 """
 
 from __future__ import annotations
@@ -49,19 +54,20 @@ class Balancing(NamedTuple):
     start: int = 0
 
 
-def variants(start: int) -> dict[str, Balancing]:
+def variants(start: int, c: float = 1.2) -> dict[str, Balancing]:
     """The compared placements of c (see the module docstring)."""
     return {
-        "enorm-1.2, every junction": Balancing(1.2, 1.2),
-        "enorm-1.2, last junction skipped": Balancing(1.2, None),
-        "enorm-1.2 hidden, c=1 last": Balancing(1.2, 1.0),
-        f"enorm-1.2 from step {start}": Balancing(1.2, 1.2, start),
+        f"enorm-{c:g}, every junction": Balancing(c, c),
+        f"enorm-{c:g}, last junction skipped": Balancing(c, None),
+        f"enorm-{c:g} hidden, c=1 last": Balancing(c, 1.0),
+        f"enorm-{c:g} from step {start}": Balancing(c, c, start),
         "enorm-1, every junction": Balancing(1.0, 1.0),
     }
 
 
 def unit_norms(params, spec) -> dict[str, float]:
-    """Mean per-unit l2 norm of the first and last hidden kernels and of the classifier."""
+    """Mean per-unit l2 norm (over each unit's incoming weights) of the first and last hidden
+    kernels and of the classifier."""
     first, last = spec[0].producers[0][0], spec[-1].producers[0][0]
     head = spec[-1].consumers[0][0]
 
@@ -71,7 +77,7 @@ def unit_norms(params, spec) -> dict[str, float]:
             node = node[key]
         return float(jnp.mean(jnp.linalg.norm(node, axis=axis)))
 
-    return {"first": mean_norm(first, 0), "last": mean_norm(last, 0), "head": mean_norm(head, 1)}
+    return {"first": mean_norm(first, 0), "last": mean_norm(last, 0), "head": mean_norm(head, 0)}
 
 
 def train(model, batches, eval_batches, seed: int, how: Balancing, *, lr: float, wd: float):
@@ -124,13 +130,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--wd", type=float, default=1e-3)
     parser.add_argument("--start", type=int, default=100, help="first balanced step (delayed variant)")
+    parser.add_argument("--c", type=float, default=1.2, help="the asymmetry c of the compared variants")
     parser.add_argument("--only", nargs="*", help="run only these variants")
     args = parser.parse_args(argv)
 
     test = data.load("fashion_mnist", "test", batch_size=1000, train=False)
     eval_batches = [(jnp.asarray(b["image"]), jnp.asarray(b["label"])) for b in test.epoch(0)]
     model = models.create("mlp", num_classes=10, norm="none", depth=args.depth, width=256)
-    chosen = {k: v for k, v in variants(args.start).items() if not args.only or k in args.only}
+    chosen = {k: v for k, v in variants(args.start, args.c).items() if not args.only or k in args.only}
     results: dict[str, list] = {name: [] for name in chosen}
     for seed in args.seeds:
         train_data = data.load("fashion_mnist", "train", batch_size=256, train=True, seed=seed)
