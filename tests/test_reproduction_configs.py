@@ -227,3 +227,17 @@ def test_implicit_imbalance_matches_numpy_and_vanishes_after_balancing(x64):
     np.testing.assert_allclose(got, np.mean(np.concatenate(expected)), rtol=1e-5)
     balanced = enorm_balance(jax.tree.map(jnp.asarray, params), spec, cycles=200)
     assert implicit_enorm.imbalance(balanced, spec) < 1e-4
+
+
+def test_enorm_nv_merge_concatenates_seeds_per_cell(tmp_path):
+    import json
+
+    first = {"sgd": {"8": {"bn": [0.8], "enorm-1": [0.7]}}}
+    second = {"sgd": {"8": {"bn": [0.9], "enorm-1": [0.6]}, "32": {"bn": [0.5]}}}
+    paths = []
+    for i, results in enumerate((first, second)):
+        paths.append(tmp_path / f"s{i}.json")
+        paths[-1].write_text(json.dumps(results))
+    merged = enorm_nv.merge([str(p) for p in paths])
+    assert merged == {"sgd": {8: {"bn": [0.8, 0.9], "enorm-1": [0.7, 0.6]}, 32: {"bn": [0.5]}}}
+    assert "| 8 | 85.00 ± 5.00 | 65.00 ± 5.00 |" in enorm_nv.tables({"sgd": {8: merged["sgd"][8]}})

@@ -12,7 +12,9 @@ The BatchNorm after the classifier makes the network a non-chain for
 consumed by the classifier) and passed to the ``enorm`` wrapper as its ``spec``.
 
     python experiments/scripts/enorm_nv.py [--batch-sizes 8 32 128] [--optimizers sgd momentum]
-        [--seeds 0] [--only bn enorm-1.2] [--set num_epochs=2] [--json runs/enorm_nv.json]
+        [--seeds 0] [--only bn enorm-1.2] [--set num_epochs=3] [--json runs/enorm_nv_s0.json]
+    python experiments/scripts/enorm_nv.py --merge runs/enorm_nv_s0.json runs/enorm_nv_s1.json
+        # no training: the tables and figure of runs saved with --json (e.g. one seed per session)
 """
 
 from __future__ import annotations
@@ -104,6 +106,19 @@ def plot(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]], path: s
     fig.savefig(path, dpi=80)
 
 
+def merge(paths: Sequence[str]) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """The results saved by ``--json`` in ``paths``, each cell's accuracies concatenated."""
+    results: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for path in paths:
+        with open(path) as f:
+            for optimizer, by_batch in json.load(f).items():
+                for batch, by_variant in by_batch.items():
+                    cell = results.setdefault(optimizer, {}).setdefault(int(batch), {})
+                    for variant, accs in by_variant.items():
+                        cell.setdefault(variant, []).extend(accs)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="*", default=[8, 32, 128])
@@ -113,7 +128,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
     parser.add_argument("--out", default="experiments/figures")
     parser.add_argument("--json", default="", help="also write the accuracies here")
+    parser.add_argument("--merge", nargs="*", help="only tabulate and plot these --json files")
     args = parser.parse_args(argv)
+    if args.merge:
+        results = merge(args.merge)
+        print(tables(results))
+        os.makedirs(args.out, exist_ok=True)
+        plot(results, os.path.join(args.out, f"{CONFIG}.png"))
+        return
 
     module = grid.load_module(CONFIG)
     base = module.get_config()

@@ -11,7 +11,7 @@ configs' wrapper registry has neither, so this script registers the wrapper ``wi
 duration of the run (as ``wrs_state.py`` does). Prints mean ± std over seeds and plots the
 curves (``<out>/fmnist_wd_time.png``; dashed lines: the learning-rate decays).
 
-    python experiments/scripts/wd_time.py [--seeds 0 1] [--only none "wd (early)"] [--set num_epochs=15]
+    python experiments/scripts/wd_time.py [--seeds 0 1] [--only none "wd (early)"] [--set num_epochs=60]
 """
 
 from __future__ import annotations
