@@ -296,6 +296,25 @@ def test_check_grads_activation(x64, p):
         check_grads(f, (x,), order=1, modes=["rev"], eps=1e-6)
 
 
+def test_check_grads_normalize(x64):
+    """The written-out derivative of the affine output (per-feature statistics) and autodiff's
+    (per-example statistics), both against finite differences, to second order."""
+    x = jnp.asarray(_normal((6, 3, 4), seed=27))
+    mean, var = jnp.asarray(_normal((1, 1, 4), seed=28)), jnp.asarray(np.exp(_normal((1, 1, 4), seed=29)))
+    scale, bias = jnp.asarray(_normal((4,), seed=30)), jnp.asarray(_normal((4,), seed=31))
+    row_var = jnp.asarray(np.exp(_normal((6, 3, 1), seed=32)))
+    for f, args in (
+        (lambda x, m, v, s, b: F.normalize(x, m, v, scale=s, bias=b), (x, mean, var, scale, bias)),
+        (lambda x, m, s: F.normalize(x, m, None, scale=s), (x, mean, scale)),
+        (lambda x, m, v: F.normalize(x, m, v), (x, mean, var)),
+        (
+            lambda x, v, s, b: F.normalize(x, x.mean(-1, keepdims=True), v, scale=s, bias=b),
+            (x, row_var, scale, bias),
+        ),
+    ):
+        check_grads(f, args, order=2, modes=["fwd", "rev"], eps=1e-6)
+
+
 def test_check_grads_topk_ghost_masked(x64):
     x = jnp.asarray(_normal((8, 5), seed=17))
     mask = jnp.asarray(np.random.default_rng(18).random((8, 5)) < 0.7)

@@ -66,21 +66,57 @@ def normalize(
 ) -> jnp.ndarray:
     """``y = (x - mean) * rsqrt(var + epsilon) * scale + bias`` (Ioffe & Szegedy 2015, Alg. 1).
 
-    ``var=None`` gives mean-only normalization ``x - mean + bias``. ``mean``/``var``/``scale``/``bias``
-    broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype`` (default
-    ``x.dtype``). Used for both the batch-statistics and the running-statistics path.
+    ``var=None`` gives mean-only normalization ``(x - mean) * scale + bias``. ``mean``/``var``/``scale``/
+    ``bias`` broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype``
+    (default ``x.dtype``). Used for both the batch-statistics and the running-statistics path.
+
+    Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
+    (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
+    memory and reduce it again for the mean's cotangent, which is ``-sum(cotangent) * rsqrt(var) * scale``,
+    a plain sum that the bias gradient needs anyway. Per-example statistics (layer, group norm) keep
+    autodiff, which XLA compiles better there.
     """
-    y = x - mean
-    if var is not None:
-        multiplier = lax.rsqrt(var + epsilon)
-        if scale is not None:
-            multiplier = multiplier * scale
-        y = y * multiplier
-    elif scale is not None:
-        y = y * scale
-    if bias is not None:
-        y = y + bias
+    inv = None if var is None else lax.rsqrt(var + epsilon)
+    stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
+    affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
+    if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
+        y = x - mean
+        multiplier = inv if scale is None else scale if inv is None else inv * scale
+        y = y if multiplier is None else y * multiplier
+        return (y if bias is None else y + bias).astype(dtype or x.dtype)
+    ones = jnp.ones((), jnp.result_type(x, mean))
+    y = _affine(
+        x,
+        mean,
+        ones if inv is None else inv,
+        ones if scale is None else scale,
+        jnp.zeros((), ones.dtype) if bias is None else bias,
+    )
     return y.astype(dtype or x.dtype)
+
+
+@jax.custom_jvp
+def _affine(
+    x: jnp.ndarray, mean: jnp.ndarray, inv: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray
+) -> jnp.ndarray:
+    """``(x - mean) * (inv * scale) + bias``, all broadcasting against ``x``."""
+    return (x - mean) * (inv * scale) + bias
+
+
+@_affine.defjvp
+def _affine_jvp(primals, tangents):
+    x, mean, inv, scale, bias = primals
+    x_dot, mean_dot, inv_dot, scale_dot, bias_dot = tangents
+    y = _affine(x, mean, inv, scale, bias)
+    # Grouped so that the transpose reduces plain cotangents: the mean's term is a small product
+    # broadcast once (its cotangent is ``sum(ct)``), and inv and scale share one ``sum(ct * (x - mean))``.
+    y_dot = (
+        x_dot * (inv * scale)
+        - (mean_dot * inv) * scale
+        + (x - mean) * (inv_dot * scale + inv * scale_dot)
+        + bias_dot
+    )
+    return y, y_dot.astype(y.dtype)
 
 
 def batch_norm(
