@@ -81,9 +81,13 @@ def normalize(
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
         y = x - mean
-        multiplier = inv if scale is None else scale if inv is None else inv * scale
-        y = y if multiplier is None else y * multiplier
-        return (y if bias is None else y + bias).astype(dtype or x.dtype)
+        if inv is not None:
+            y = y * (inv if scale is None else inv * scale)
+        elif scale is not None:
+            y = y * scale
+        if bias is not None:
+            y = y + bias
+        return y.astype(dtype or x.dtype)
     ones = jnp.ones((), jnp.result_type(x, mean))
     y = _affine(
         x,
