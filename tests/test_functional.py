@@ -58,6 +58,21 @@ def test_masked_stats_match_oracle(x64, p):
     np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=1e-12)
 
 
+@pytest.mark.parametrize("k", [1, 10, 40])
+@pytest.mark.parametrize("masked", [False, True])
+def test_topk_over_many_rows_with_ties_matches_oracle(x64, k, masked):
+    """Many rows take the two-stage top-k (block maxima, then the best k blocks); rounding to 0.1
+    makes ties, within and across blocks, and the mask hides whole blocks."""
+    x = np.round(_normal((16, 8, 8, 3), seed=33, scale=2.0), 1)
+    mask = np.random.default_rng(34).random(x.shape) < 0.7 if masked else None
+    if masked:
+        mask[:4] = False
+    jax_mask = None if mask is None else jnp.asarray(mask)
+    _, sigma = F.batch_stats(jnp.asarray(x), p="inf", topk=k, mask=jax_mask)
+    _, want_var = oracles.batch_moments(x, "inf", -1, topk=k, mask=mask)
+    np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=1e-12)
+
+
 def test_masked_topk_with_fewer_elements_than_k(x64):
     x = _normal((12, 2), seed=5)
     mask = np.zeros((12, 2), bool)
