@@ -156,6 +156,7 @@ def test_enorm_nv_spec_covers_every_hidden_conv():
     config.update(grid.load_module("fmnist_enorm_nv").get_config())
     with config.unlocked():
         config.model.kwargs.widths = (4, 4, 4)
+        config.model.kwargs.final_bn = True
     spec = enorm_nv.enorm_spec(config)
     assert len(spec) == 8
     assert [j.producers[-1][0] for j in spec] == [(f"conv_{i}", "kernel") for i in range(8)]

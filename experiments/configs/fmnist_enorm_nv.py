@@ -12,6 +12,7 @@ size and method, from the paper's grid {0.01, 0.05, 0.1} but not cross-validated
 momentum, 0.01 with momentum 0.9 (the same effective step ``lr / (1 - momentum)`` up to 2x).
 
     python experiments/scripts/enorm_nv.py          # every table cell (batch x momentum), 1 seed
+    python -m experiments fmnist_enorm_nv           # BN vs GN at batch 128 without momentum
     python experiments/scripts/grid.py fmnist_enorm_nv --only baseline bn gn \
         --set dataset.batch_size=8 [optimizer.name=momentum optimizer.learning_rate=0.01]
         # one cell without ENorm (grid.py cannot pass ENorm the discovered spec; the script does)
@@ -45,7 +46,7 @@ def get_config():
     config.workdir = "runs/fmnist_enorm_nv"
     config.model.name = "cifar_nv"
     config.model.norm = "none"
-    config.model.kwargs = {"kernel_init": "xavier", "widths": (16, 32, 40), "final_bn": True}
+    config.model.kwargs = {"kernel_init": "xavier", "widths": (16, 32, 40), "final_bn": False}
     config.dataset.name = "fashion_mnist"
     config.dataset.train_split = "train[:10000]"
     config.dataset.batch_size = 128
@@ -65,7 +66,6 @@ def get_config():
             "wrapper_kwargs": {"enorm": {"c": 1.2}},
         }
     )
-    config.sweep.key = "optimizer.wrappers"
-    config.sweep.grid = ((), ("enorm",))
-    config.sweep.names = ("baseline", "enorm-1.2")
+    config.sweep.key = "model.norm"  # the ENorm runs need the discovered spec: enorm_nv.py
+    config.sweep.grid = ("bn", "gn")
     return config

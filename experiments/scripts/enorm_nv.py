@@ -148,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         grid.set_dotted(base, key, value)
     full = experiment.experiment_defaults()
     full.update(base)
+    for key, value in module.VARIANTS["enorm-1"].items():  # the ENorm nets (with the final BN)
+        grid.set_dotted(full, key, value)
     spec = enorm_spec(full)
     variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
     results: dict[str, dict[int, dict[str, list[float]]]] = {}
