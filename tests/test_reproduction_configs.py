@@ -244,3 +244,19 @@ def test_enorm_nv_merge_concatenates_seeds_per_cell(tmp_path):
     merged = enorm_nv.merge([str(p) for p in paths])
     assert merged == {"sgd": {8: {"bn": [0.8, 0.9], "enorm-1": [0.7, 0.6]}, 32: {"bn": [0.5]}}}
     assert "| 8 | 85.00 ± 5.00 | 65.00 ± 5.00 |" in enorm_nv.tables({"sgd": {8: merged["sgd"][8]}})
+
+
+@needs_fmnist
+def test_cifar_nv_enorm_variant_with_final_bn_trains_through_the_loop():
+    """`python -m experiments` / grid.py with no spec: the training loop discovers the junctions of
+    the non-chain network (BN after the classifier) instead of failing in ``chain``."""
+    base = grid.load_module("cifar10_enorm_nv").get_config()
+    with base.unlocked():
+        base.dataset.name = "fashion_mnist"
+        base.dataset.augment = ""
+        base.model.kwargs.widths = (4, 4, 4)
+    variant = grid.load_module("cifar10_enorm_nv").VARIANTS["enorm-1.2"]
+    overrides = {**variant, "num_steps": 2, "dataset.batch_size": 8, "dataset.train_split": "train[:64]",
+                 "dataset.eval_split": "test[:64]"}
+    result = grid.run_one(base, overrides, seed=0)
+    assert result["steps"] == 2 and math.isfinite(result["train_loss"])

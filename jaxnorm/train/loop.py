@@ -117,6 +117,34 @@ def evaluate(parallel: DataParallel, eval_step, state: TrainState, source: Batch
     return {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
 
 
+def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array) -> Mapping[str, Any]:
+    """``optimizer`` with the ``enorm`` wrapper's spec discovered from ``model`` where it needs one.
+
+    Without a spec, :func:`jaxnorm.optim.enorm` reads the params as a plain Dense / Conv chain
+    (:func:`jaxnorm.enorm.chain`); networks that are not one (a BatchNorm after the classifier,
+    residual blocks) get their junctions from :func:`jaxnorm.enorm.discover`, traced in inference
+    mode on ``sample``. Chains and explicit specs are left as they are.
+    """
+    wrapper_kwargs = dict(optimizer.get("wrapper_kwargs", {}) or {})
+    enorm_kwargs = dict(wrapper_kwargs.get("enorm", {}) or {})
+    if "enorm" not in tuple(optimizer.get("wrappers", ()) or ()) or enorm_kwargs.get("spec") is not None:
+        return optimizer
+    from jaxnorm.enorm import chain, discover
+
+    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
+    try:
+        chain(variables["params"])
+        return optimizer
+    except ValueError:
+        pass
+    enorm_kwargs["spec"] = discover(
+        lambda params, x: model.apply({**variables, "params": params}, x, train=False),
+        variables["params"],
+        sample,
+    )
+    return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
+
+
 def train(
     config: Mapping[str, Any],
     *,
@@ -149,12 +177,11 @@ def train(
     primary = jax.process_index() == 0
     steps = total_steps(cfg, train_data.steps_per_epoch)
     accumulate = int(cfg.optimizer.get("accumulate_steps", 1))
-    tx, schedule = make_optimizer(cfg.optimizer, steps)
-
     first_epoch = train_data.epoch(0)
     sample = next(first_epoch)["image"][:1]
     if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
         first_epoch.close()
+    tx, schedule = make_optimizer(with_enorm_spec(cfg.optimizer, model, sample), steps)
     rng = jax.random.PRNGKey(cfg.seed)
     loss_scale = initial_loss_scale(cfg.precision)
     state = parallel.init_state(
