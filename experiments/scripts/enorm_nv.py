@@ -20,7 +20,6 @@ consumed by the classifier) and passed to the ``enorm`` wrapper as its ``spec``.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -139,13 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     module = grid.load_module(CONFIG)
     base = module.get_config()
-    for item in args.set:
-        key, value = item.split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        grid.set_dotted(base, key, value)
+    grid.apply_sets(base, args.set)
     full = experiment.experiment_defaults()
     full.update(base)
     for key, value in module.VARIANTS["enorm-1"].items():  # the ENorm nets (with the final BN)

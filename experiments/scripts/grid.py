@@ -49,6 +49,17 @@ def load_module(name: str):
     return module
 
 
+def apply_sets(config, items) -> None:
+    """Apply ``--set key=value`` items to ``config``; values are Python literals where they parse."""
+    for item in items:
+        key, value = item.split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        set_dotted(config, key, value)
+
+
 def set_dotted(config, key: str, value: Any) -> None:
     """``config.<key> = value`` for a dotted ``key``; unknown fields raise ``ValueError``."""
     *parents, leaf = key.split(".")
@@ -150,13 +161,7 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
 
     module = module or load_module(args.config)
     base = module.get_config()
-    for item in args.set:
-        key, value = item.split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        set_dotted(base, key, value)
+    apply_sets(base, args.set)
     seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
     variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
     results: dict[str, list[dict[str, Any]]] = {}

@@ -17,7 +17,6 @@ curves (``<out>/fmnist_wd_time.png``; dashed lines: the learning-rate decays).
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 from collections.abc import Sequence
@@ -135,13 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     register()
     module = grid.load_module(CONFIG)
     base = module.get_config()
-    for item in args.set:
-        key, value = item.split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        grid.set_dotted(base, key, value)
+    grid.apply_sets(base, args.set)
     runs, decays = variants(module, base)
     seeds = args.seeds if args.seeds else list(module.SEEDS)
     results: dict[str, list[dict[str, Any]]] = {}
