@@ -15,14 +15,6 @@ from hypothesis import strategies as st
 from jaxnorm import diagnostics as dg
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _np_unit_norm(w):
     w = np.asarray(w, np.float64)
     return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))

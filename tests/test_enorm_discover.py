@@ -14,15 +14,6 @@ from jaxnorm.enorm import chain, discover, enorm_balance, multipliers
 from tests import enorm_models as models
 from tests.test_enorm_balance import resnet_c_spec
 
-
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 ARCHS = {
     "mlp": (models.MLP, (3, 3)),
     "cnn": (models.CNN, (2, 12, 12, 2)),

@@ -19,14 +19,6 @@ from jaxnorm.enorm import (
 from tests import enorm_models as models
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _setup():
     model = models.MLP(widths=(5, 4), dtype=jnp.float64)
     variables, x = models.init(model, (6, 3), 0, jnp.float64)

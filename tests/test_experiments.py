@@ -10,24 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from fmnist import needs_fmnist
 
 from experiments import __main__ as cli
 from jaxnorm.train import experiment
-
-
-def _fashion_mnist_available():
-    from jaxnorm import data
-
-    try:
-        data.load("fashion_mnist", "test[:8]", batch_size=8, train=False)
-    except data.DatasetNotFoundError:
-        return False
-    return True
-
-
-needs_fmnist = pytest.mark.skipif(
-    not _fashion_mnist_available(), reason="Fashion-MNIST not installed (dataset-fashion-mnist)"
-)
 
 
 def test_list_shows_every_config_with_its_description():

@@ -16,14 +16,6 @@ from jaxnorm.optim.mimicry import record_norms, reference_schedule, wd_mimicry
 from jaxnorm.optim.projection import norm_schedule
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _np_unit_norm(w):
     w = np.asarray(w, np.float64)
     return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))

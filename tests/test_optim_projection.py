@@ -17,14 +17,6 @@ from multidevice import run_on_devices
 from jaxnorm.optim.projection import bwn_projection, norm_schedule
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def _np_unit_norm(w):
     w = np.asarray(w, np.float64)
     return np.sqrt(np.sum(w**2, axis=tuple(range(w.ndim - 1))))

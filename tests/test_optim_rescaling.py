@@ -19,15 +19,6 @@ from jaxnorm.optim.masks import scale_invariant_mask
 from jaxnorm.optim.rescaling import unit_multiplier, weight_rescaling
 from jaxnorm.optim.state import rescale_state
 
-
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 LR, MOMENTUM, B1, B2, EPS = 0.3, 0.9, 0.9, 0.999, 1e-8
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fmnist import needs_fmnist
 
 from experiments import __main__ as cli
 from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm, wd_time
@@ -29,21 +30,6 @@ REPRO_CONFIGS = (
     "cifar10_enorm_nv",
     "cifar10_resnet56_norm_matters",
     "cifar10_wrs",
-)
-
-
-def _fashion_mnist_available():
-    from jaxnorm import data
-
-    try:
-        data.load("fashion_mnist", "test[:8]", batch_size=8, train=False)
-    except data.DatasetNotFoundError:
-        return False
-    return True
-
-
-needs_fmnist = pytest.mark.skipif(
-    not _fashion_mnist_available(), reason="Fashion-MNIST not installed (dataset-fashion-mnist)"
 )
 
 

@@ -17,14 +17,6 @@ from jaxnorm.train import (
 )
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 class Linear(nn.Module):
     @nn.compact
     def __call__(self, x, train):
