@@ -207,15 +207,17 @@ def _mean_m2_value(
     total = jnp.sum(values, axis=axes, keepdims=True)
     mean = total / safe_count
 
+    def deviations(centre: jnp.ndarray) -> jnp.ndarray:
+        d = values - centre
+        return d if mask is None else jnp.where(mask, d, 0)
+
     def centred_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        d = values - (_distinct(mean) if opaque_mean else mean)
-        d = d if mask is None else jnp.where(mask, d, 0)
+        d = deviations(_distinct(mean) if opaque_mean else mean)
         return mean, jnp.sum(jnp.square(d), axis=axes, keepdims=True)
 
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
         # the shifted-data algorithm: exact whatever the rounding error of the shift (the raw mean)
-        d = values - _distinct(mean)
-        d = d if mask is None else jnp.where(mask, d, 0)
+        d = deviations(_distinct(mean))
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
