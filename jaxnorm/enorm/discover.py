@@ -77,7 +77,9 @@ class _Graph(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------------
-# Flattening a jaxpr (nested jit / custom_jvp / custom_vjp / remat inlined).
+# Flattening a jaxpr (nested jit / custom_jvp / custom_vjp / remat inlined; optimization barriers
+# and stop_gradient dropped; every branch of a cond inlined, the results merged by a select_n on
+# the branch index).
 
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
            "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
@@ -106,6 +108,16 @@ def _flatten_jaxpr(closed: jcore.ClosedJaxpr) -> tuple[list[_Eqn], dict, list, l
 
         for e in jaxpr.eqns:
             ins = [read(v) for v in e.invars]
+            if e.primitive.name in ("optimization_barrier", "stop_gradient"):  # identities on values
+                for v, x in zip(e.outvars, ins, strict=True):
+                    env[v] = x
+                continue
+            if e.primitive.name == "cond":  # every branch inlined, the results chosen by select_n
+                branch_outs = [inline(b.jaxpr, list(b.consts), ins[1:]) for b in e.params["branches"]]
+                for k, v in enumerate(e.outvars):
+                    env[v] = fresh(v)
+                    eqns.append(_Eqn("select_n", (ins[0], *(outs[k] for outs in branch_outs)), (env[v],), {}))
+                continue
             key = _INLINE.get(e.primitive.name)
             sub = e.params.get(key) if key else None
             if sub is not None:
@@ -330,6 +342,17 @@ class _Interp:
             if prim in ("argmax", "argmin"):
                 return [None]
             return [_Scaled(np.squeeze(_squash(full, axes), axis=axes), v.power)]
+        if prim == "top_k":  # along the last axis: values scale with x, indices do not
+            v = vals[0]
+            full = _full(v.ids, self.shape(e.ins[0]))
+            if not _const_along(full, (full.ndim - 1,)):
+                raise _Fail("top_k mixes different units")
+            values = np.broadcast_to(full[..., :1], self.g.shapes[e.outs[0]])
+            return [_Scaled(values, v.power), None]
+        if prim == "gather":
+            if vals[1] is not None:
+                raise _Fail("gather indices that depend on the scale")
+            return [self.gather(e, vals[0], out_shape)]
         if prim.startswith("reduce_window"):
             return [self.window(e, vals[0], out_shape)]
         if prim == "concatenate":
@@ -363,6 +386,29 @@ class _Interp:
         if prim == "conv_general_dilated":
             return [self.conv(e, vals, out_shape)]
         raise _Fail(f"{prim} is not positively homogeneous (or not known to be)")
+
+    def gather(self, e: _Eqn, v: _Scaled, shape) -> Any:
+        """A gather whose indices pick along axes where every unit is the same: each output entry
+        belongs to the unit of the operand entries at its batching / slice coordinates."""
+        dims = e.params["dimension_numbers"]
+        full = _full(v.ids, self.shape(e.ins[0]))
+        if not _const_along(full, tuple(dims.start_index_map)):
+            raise _Fail("a gather that picks among different units")
+        for axis, size in enumerate(e.params["slice_sizes"]):
+            if size != full.shape[axis] and axis not in (*dims.start_index_map, *dims.operand_batching_dims):
+                if not _const_along(full, (axis,)):
+                    raise _Fail("a gather that slices across units")
+        batch_out = [d for d in range(len(shape)) if d not in dims.offset_dims]
+        index_dims = [d for d in range(len(self.shape(e.ins[1])) - 1)]  # the last holds the index vector
+        grid = np.indices(shape, sparse=True)
+        coords: list[Any] = [0] * full.ndim
+        offset_axes = [a for a in range(full.ndim)
+                       if a not in dims.collapsed_slice_dims and a not in dims.operand_batching_dims]
+        for axis, out_dim in zip(offset_axes, dims.offset_dims, strict=True):
+            coords[axis] = grid[out_dim] if e.params["slice_sizes"][axis] == full.shape[axis] else 0
+        for axis, index_dim in zip(dims.operand_batching_dims, dims.start_indices_batching_dims, strict=True):
+            coords[axis] = grid[batch_out[index_dims.index(index_dim)]]
+        return self.scaled(np.broadcast_to(full[tuple(coords)], shape), v.power)
 
     def same(self, a: _Scaled, b: _Scaled, shape) -> bool:
         return a.power == b.power and np.array_equal(_full(a.ids, shape), _full(b.ids, shape))
