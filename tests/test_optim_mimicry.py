@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -144,7 +145,9 @@ def test_errors():
     with pytest.raises(ValueError, match="step_decay"):
         wd_mimicry({"w": jnp.ones((2, 3)), "b": None}, step_decay=1.0)
     with pytest.raises(ValueError, match="params structure"):
-        wd_mimicry({"w": jnp.ones((2, 3))}).init(params)
+        wd_mimicry({"v": jnp.ones((2, 3))}).init(params)  # a path the params lack
+    with pytest.raises(ValueError, match="params structure"):
+        wd_mimicry([jnp.ones((2, 3)), None]).init(params)
     tx = wd_mimicry({"w": jnp.ones((2, 3)), "b": None})
     with pytest.raises(ValueError, match="params"):
         tx.update(params, tx.init(params))
@@ -189,3 +192,22 @@ _SHARDED_SCRIPT = textwrap.dedent(
 
 def test_sharded_params_match_single_device():
     assert "OK" in run_on_devices(_SHARDED_SCRIPT)
+
+
+def test_reference_holding_only_the_recorded_kernels_equals_the_full_tree():
+    """The saved-file form (nested dicts of the recorded kernels only) selects and scales the same."""
+    rng = np.random.default_rng(3)
+    params = {"dense": {"kernel": jnp.asarray(rng.normal(size=(4, 3))), "bias": jnp.zeros(3)},
+              "head": {"kernel": jnp.asarray(rng.normal(size=(3, 2)))}}
+    recorded = jnp.asarray(rng.uniform(0.5, 2.0, size=(5, 3)))
+    full = {"dense": {"kernel": recorded, "bias": None}, "head": {"kernel": None}}
+    subset = {"dense": {"kernel": np.asarray(recorded)}}
+    grads = jax.tree.map(jnp.ones_like, params)
+    outs = []
+    for reference in (full, subset):
+        tx = wd_mimicry(reference)
+        outs.append(tx.update(grads, tx.init(params), params)[0])
+    chex.assert_trees_all_close(outs[0], outs[1])
+    assert not np.allclose(outs[1]["dense"]["kernel"], 1.0)
+    np.testing.assert_array_equal(outs[1]["head"]["kernel"], 1.0)  # not recorded: unchanged
+

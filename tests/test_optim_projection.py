@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidevice import run_on_devices
 
-from jaxnorm.optim.projection import bwn_projection, norm_schedule
+from jaxnorm.optim.projection import bwn_projection, norm_schedule, norm_schedule_from_lr
 
 
 def _np_unit_norm(w):
@@ -176,6 +176,58 @@ def test_norm_schedule_replaces_lr_decay(x64):
     assert np.max(np.abs(out_c - out_b)) > 1e-3
 
 
+def test_norm_schedule_from_lr_follows_the_lr_schedule_run(x64):
+    """SGD: lr(t) at unit norm == constant lr_0 at norm sqrt(lr_0 / lr(t)), outputs equal at every step."""
+    model, x, y, params = _invariant_problem()
+    lrs = optax.cosine_decay_schedule(1.0, 9, alpha=0.05)
+    _, out_a = _train(
+        optax.chain(optax.sgd(lrs), norm_schedule_from_lr(lrs)), _project(params, 1.0), model, x, y, 9
+    )
+    _, out_b = _train(optax.chain(optax.sgd(lrs), norm_schedule(1.0)), _project(params, 1.0), model, x, y, 9)
+    np.testing.assert_allclose(out_a, out_b, rtol=1e-8, atol=1e-8)
+    # control: the constant rate at norm 1 is another trajectory
+    _, out_c = _train(optax.chain(optax.sgd(1.0), norm_schedule(1.0)), _project(params, 1.0), model, x, y, 9)
+    assert np.max(np.abs(out_c - out_b)) > 1e-3
+
+
+def test_norm_schedule_from_lr_matches_numpy_oracle(x64):
+    """One update against float64 NumPy: selected leaves u * lr_0 / lr(t), then norm sqrt(lr_0 / lr(t+1))."""
+    params = _params(5)
+    grads = jax.tree.map(lambda w: np.random.default_rng(6).normal(size=w.shape), params)
+
+    def lrs(count):  # float64 (optax's schedules evaluate an int32 count in float32)
+        return 0.4 - 0.03 * count
+
+    mask = {"conv": True, "dense": True, "bias": False}
+    tx = optax.chain(optax.sgd(lrs), norm_schedule_from_lr(lrs, mask=mask))
+    state = tx.init(params)
+    for t in range(3):
+        updates, state = tx.update(grads, state, params)
+        eta, eta_next = 0.4 - 0.03 * t, 0.4 - 0.03 * (t + 1)
+        for k in ("conv", "dense"):
+            stepped = params[k] - 0.4 * grads[k]  # the constant base rate
+            expected = stepped / _np_unit_norm(stepped) * np.sqrt(0.4 / eta_next)
+            np.testing.assert_allclose(params[k] + np.asarray(updates[k]), expected, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(updates["bias"]), -eta * grads["bias"], rtol=1e-12)
+        params = optax.apply_updates(params, updates)
+
+
+def test_norm_schedule_from_lr_zero_rate_and_errors():
+    warmup = optax.linear_schedule(0.0, 0.5, 4)
+    params = {"w": jnp.full((3, 2), 2.0)}
+    tx = optax.chain(optax.sgd(warmup), norm_schedule_from_lr(warmup, base_learning_rate=0.5))
+    updates, _ = tx.update({"w": jnp.ones((3, 2))}, tx.init(params), params)
+    moved = params["w"] + updates["w"]  # lr(0) = 0: no step, the norm set to sqrt(0.5 / lr(1)) = 2
+    np.testing.assert_allclose(moved / _np_unit_norm(moved), params["w"] / _np_unit_norm(params["w"]))
+    np.testing.assert_allclose(_np_unit_norm(moved), 2.0, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"learning_rate\(0\) must be positive"):
+        norm_schedule_from_lr(warmup)
+    with pytest.raises(ValueError, match="base_learning_rate must be positive"):
+        norm_schedule_from_lr(warmup, base_learning_rate=-1.0)
+    with pytest.raises(TypeError, match="learning_rate must be a schedule"):
+        norm_schedule_from_lr(0.1)
+
+
 def test_inject_hyperparams_and_masked():
     params = jax.tree.map(jnp.asarray, _params(4, np.float32))
     grads = jax.tree.map(jnp.ones_like, params)
@@ -253,7 +305,7 @@ _SHARDED_SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxnorm.optim.projection import bwn_projection, norm_schedule
+    from jaxnorm.optim.projection import bwn_projection, norm_schedule, norm_schedule_from_lr
     assert jax.device_count() == 8
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(6, 16)), jnp.float32)}

@@ -12,6 +12,7 @@ from jaxnorm.optim.projection import BWNProjectionState as BWNProjectionState
 from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
 from jaxnorm.optim.projection import bwn_projection as bwn_projection
 from jaxnorm.optim.projection import norm_schedule as norm_schedule
+from jaxnorm.optim.projection import norm_schedule_from_lr as norm_schedule_from_lr
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
 from jaxnorm.optim.state import register_state_rule as register_state_rule

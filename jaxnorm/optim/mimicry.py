@@ -19,7 +19,7 @@ while mimicry leaves it alone).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -126,15 +126,39 @@ def _reference_row(reference: PyTree, index: jax.Array) -> PyTree:
     )
 
 
+def _lookup(tree: Any, path: tuple) -> Any:
+    """The entry of nested mappings ``tree`` at a params leaf's key path; ``None`` where absent."""
+    for key in path:
+        name = getattr(key, "key", getattr(key, "idx", key))
+        if not isinstance(tree, Mapping) or name not in tree:
+            return None
+        tree = tree[name]
+    return tree
+
+
 def _flatten_reference(reference: PyTree, params: PyTree, fn_name: str) -> list:
+    """One reference entry per params leaf (flattened order).
+
+    ``reference`` has the params' structure (``None`` on unrecorded leaves), or, for dict params,
+    holds only the recorded leaves under their params paths (nested dicts, as
+    :func:`jaxnorm.train.norm_records.load_recorded_norms` returns them).
+    """
     treedef = jax.tree.structure(params)
     try:
         return treedef.flatten_up_to(reference)
     except (ValueError, TypeError) as err:
-        raise ValueError(
+        mismatch = ValueError(
             f"{fn_name}: reference norms must have the params structure {treedef} (a (T, out) array per "
-            f"selected kernel, None elsewhere), got {jax.tree.structure(reference)}"
-        ) from err
+            f"selected kernel, None elsewhere) or hold the recorded kernels under their params paths, "
+            f"got {jax.tree.structure(reference)}"
+        )
+        if not isinstance(reference, Mapping):
+            raise mismatch from err
+        paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        flat = [_lookup(reference, path) for path in paths]
+        if sum(r is not None for r in flat) != len(jax.tree.leaves(reference)):
+            raise mismatch from err
+        return flat
 
 
 def _check_reference(reference: PyTree, params: PyTree, flags: PyTree, fn_name: str) -> list:

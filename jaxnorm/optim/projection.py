@@ -9,7 +9,9 @@ Liu et al., Cor. 3.3). Fixing the norm therefore fixes the effective step size:
 * :func:`norm_schedule` projects every unit to ``rho(t)`` after each step, so that a constant
   learning rate with a growing norm replaces a decaying learning rate: with SGD (momentum included),
   learning rate ``eta`` at norm ``rho * sqrt(c)`` gives the same function trajectory as ``eta / c`` at
-  norm ``rho`` (Norm matters, Sec. 2).
+  norm ``rho`` (Norm matters, Sec. 2);
+* :func:`norm_schedule_from_lr` makes that trade for a given learning-rate schedule: the selected
+  units step at the constant base rate while their norms follow ``sqrt(eta_0 / eta(t))``.
 
 Both express the projection ``P`` as the update ``P(p + u) - p`` and go last in an ``optax.chain``;
 the projection is :func:`jaxnorm.functional.weight.project_to_norm`.
@@ -34,6 +36,7 @@ __all__ = [
     "NormScheduleState",
     "bwn_projection",
     "norm_schedule",
+    "norm_schedule_from_lr",
     "project_units",
 ]
 
@@ -221,6 +224,82 @@ def norm_schedule(
         flags = resolve_mask(mask, params, "norm_schedule")
         rho = schedule(state.count) if callable(schedule) else schedule
         targets = _per_leaf_targets(rho, params, flags, "norm_schedule")
+        updates = project_units(updates, params, flags, targets)
+        return updates, NormScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# Where the schedule reaches 0, the norm stops growing at sqrt(1 / MIN_LR_RATIO) = 1000 times the base.
+MIN_LR_RATIO = 1e-6
+
+
+def norm_schedule_from_lr(
+    learning_rate: optax.Schedule,
+    base_learning_rate: float | None = None,
+    mask: MaskOrFn = None,
+) -> optax.GradientTransformationExtraArgs:
+    """Replace the learning-rate decay of scale-invariant units by norm growth (*Norm matters*, Sec. 2).
+
+    Goes after an optimizer whose step size follows ``learning_rate`` (the count is the same:
+    ``optax.chain(optax.sgd(schedule, momentum=0.9), norm_schedule_from_lr(schedule))``). On
+    update ``t`` (the count before it, as optax schedules are called), each selected leaf's update
+    is multiplied by ``eta_0 / eta(t)``, so those units step at the constant base rate ``eta_0``,
+    and the unit norms are then projected to
+
+        rho(t + 1) = sqrt(eta_0 / eta(t + 1)).
+
+    A unit followed by batch norm at norm ``rho`` moves its direction by ``eta / rho**2`` per SGD
+    step, so the next update's effective step ``eta_0 / rho(t + 1)**2 = eta(t + 1)`` is the
+    schedule's: the directions follow ``optax.chain(opt(schedule), norm_schedule(1.0))`` (norms
+    held at 1, step ``eta(t)``) exactly for plain SGD, and up to the momentum buffer's memory of
+    earlier norms with momentum. Every other leaf keeps the schedule. The first update starts at
+    the initial norms, as the comparison run does.
+
+    Where ``eta(t) = 0`` (a warmup's first step) the selected units do not move, as under the
+    schedule; a target norm is capped at ``sqrt(1 / MIN_LR_RATIO) = 1000`` (a schedule that
+    decays to 0 would ask for an infinite norm).
+
+    Args:
+      learning_rate: the optimizer's schedule ``count -> eta``.
+      base_learning_rate: ``eta_0``, the constant step of the selected units and the norm-1 rate;
+        default ``learning_rate(0)``, which must then be positive (pass the peak rate with a warmup).
+      mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2. Select
+        only scale-invariant kernels (:func:`jaxnorm.optim.scale_invariant_mask`): for any other
+        leaf the trade changes the training.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 2 and Supp. Sec. 1 (norm
+      scheduling instead of learning-rate decay).
+    """
+    if not callable(learning_rate):
+        raise TypeError(
+            f"norm_schedule_from_lr: learning_rate must be a schedule (count -> eta), got {learning_rate!r}"
+        )
+    base = float(learning_rate(0) if base_learning_rate is None else base_learning_rate)
+    if not base > 0:
+        what = "learning_rate(0)" if base_learning_rate is None else "base_learning_rate"
+        raise ValueError(f"norm_schedule_from_lr: {what} must be positive, got {base}")
+
+    def init_fn(params: PyTree) -> NormScheduleState:
+        del params
+        return NormScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        check_params(params, "norm_schedule_from_lr")
+        flags = resolve_mask(mask, params, "norm_schedule_from_lr")
+        eta = jnp.asarray(learning_rate(state.count))
+        step_scale = jnp.where(eta > 0, base / jnp.where(eta > 0, eta, 1.0), 0.0)
+        eta_next = jnp.asarray(learning_rate(state.count + 1))
+        rho = jnp.sqrt(base / jnp.maximum(eta_next, base * MIN_LR_RATIO))
+        updates = jax.tree.map(
+            lambda flag, u: (u * step_scale).astype(u.dtype) if flag else u, flags, updates
+        )
+        targets = [rho] * jax.tree.structure(params).num_leaves
         updates = project_units(updates, params, flags, targets)
         return updates, NormScheduleState(count=optax.safe_increment(state.count))
 
