@@ -132,3 +132,86 @@ def test_bad_parallel_mode_lists_choices():
 
     with pytest.raises(ValueError, match=r"parallel mode must be one of \('jit', 'pmap'\)"):
         DataParallel("shard_map")
+
+
+class BNNet(nn.Module):
+    """Conv -> BN -> ReLU -> pool -> Dense, no biases: the conv's units are scale invariant."""
+
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.Conv(8, (3, 3), use_bias=False)(x)
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+        x = nn.relu(x).mean((1, 2))
+        return nn.Dense(3, use_bias=False)(x)
+
+
+def _directions(kernel):
+    kernel = np.asarray(kernel, np.float64).reshape(-1, kernel.shape[-1])
+    return kernel / np.linalg.norm(kernel, axis=0)
+
+
+def test_wd_mimicry_run_follows_the_recorded_reference_run(tmp_path):
+    """Norm matters Sec. 2 through the loop: the reference run (WD on every kernel) leaves
+    recorded_norms.npz; a run without WD on the conv, with wd_mimicry naming the reference by its
+    sibling directory, moves the conv's unit directions as the reference did (plain SGD and
+    step_decay = lr * wd make the two runs' directions equal); without mimicry they differ."""
+    lr, wd = 0.2, 0.5
+    base = {**CONFIG, "num_steps": 10, "checkpoint_every": 0, "plots": False, "eval_every": 0}
+    sgd = {"name": "sgd", "learning_rate": lr, "schedule": "constant", "weight_decay": wd}
+    runs = {
+        "wd": {**sgd, "weight_decay_mask": "kernels", "wrappers": ("record_norms",)},
+        "mimic": {
+            **sgd,
+            "weight_decay_mask": "last_kernel",
+            "wrappers": ("wd_mimicry",),
+            "wrapper_kwargs": {"wd_mimicry": {"reference": "wd", "step_decay": lr * wd}},
+        },
+        "no_wd": {**sgd, "weight_decay_mask": "last_kernel"},
+    }
+    kernels = {}
+    for name, optimizer in runs.items():
+        train_src, _ = _sources()
+        result = train(
+            {**base, "optimizer": optimizer},
+            model=BNNet(),
+            train_data=train_src,
+            workdir=str(tmp_path / name),
+        )
+        kernels[name] = result.state.params["Conv_0"]["kernel"]
+    with np.load(tmp_path / "wd" / "recorded_norms.npz") as saved:
+        assert saved.files == ["Conv_0/kernel"]  # the scale-invariant kernel only, not the classifier
+        assert saved["Conv_0/kernel"].shape == (10, 8)
+        assert np.all(np.diff(saved["Conv_0/kernel"][:, 0]) < 0)  # WD shrinks the norms
+    ref = _directions(kernels["wd"])
+    np.testing.assert_allclose(_directions(kernels["mimic"]), ref, atol=1e-4)
+    assert np.max(np.abs(_directions(kernels["no_wd"]) - ref)) > 1e-2
+    assert not (tmp_path / "mimic" / "recorded_norms.npz").exists()
+
+
+def test_norm_schedule_wrappers_hold_and_grow_the_scale_invariant_norms():
+    """norm_schedule holds the conv's units at rho; norm_schedule_from_lr sets them to
+    sqrt(lr_0 / lr(t)) while the classifier is left to the optimizer."""
+    base = {**CONFIG, "num_steps": 6, "checkpoint_every": 0, "plots": False, "eval_every": 0}
+    step = {
+        "name": "sgd",
+        "learning_rate": 0.2,
+        "schedule": "step",
+        "boundaries": (0.5,),
+        "decay_factor": 0.25,
+    }
+    norms = {}
+    for name, wrapper, kwargs in (
+        ("hold", "norm_schedule", {"rho": 2.0}),
+        ("trade", "norm_schedule_from_lr", {}),
+    ):
+        train_src, _ = _sources()
+        optimizer = {**step, "wrappers": (wrapper,), "wrapper_kwargs": {wrapper: kwargs}}
+        params = train({**base, "optimizer": optimizer}, model=BNNet(), train_data=train_src).state.params
+        conv = np.asarray(params["Conv_0"]["kernel"]).reshape(-1, 8)
+        norms[name] = (
+            np.linalg.norm(conv, axis=0),
+            np.linalg.norm(np.asarray(params["Dense_0"]["kernel"]), axis=0),
+        )
+    np.testing.assert_allclose(norms["hold"][0], 2.0, rtol=1e-5)
+    np.testing.assert_allclose(norms["trade"][0], np.sqrt(0.2 / 0.05), rtol=1e-5)
+    assert not np.allclose(norms["trade"][1], norms["trade"][1][0])  # the classifier is not projected

@@ -69,6 +69,7 @@ def _params():
         ("kernels", {"conv_0/kernel", "head/kernel"}),
         ("bn_scales", {"bn_0/scale", "final_bn/scale"}),
         ("last_layer", {"head/kernel", "head/bias"}),
+        ("last_kernel", {"head/kernel"}),
     ],
 )
 def test_weight_decay_masks(name, selected):
@@ -183,9 +184,64 @@ def test_bad_configs_name_the_choice(config, message):
         opt.make_optimizer(config, 10)
 
 
-def test_missing_wrapper_gives_a_clear_error(monkeypatch):
-    import jaxnorm.optim
+def test_bad_wrapper_configs_give_clear_errors():
+    with pytest.raises(ValueError, match=r"optimizer\.wrappers entry must be one of .*'wrs'"):
+        opt.make_optimizer({"wrappers": ("wrss",)}, 10)
+    with pytest.raises(ValueError, match=r"wrapper_kwargs\.wrs: .*'taus'"):
+        opt.make_optimizer({"wrappers": ("wrs",), "wrapper_kwargs": {"wrs": {"taus": 3}}}, 10)
+    with pytest.raises(
+        ValueError, match=r"wrapper_kwargs\.wrs\.mask must be one of \('kernels', 'scale_invariant'\)"
+    ):
+        opt.make_optimizer({"wrappers": ("wrs",), "wrapper_kwargs": {"wrs": {"mask": "convs"}}}, 10)
+    with pytest.raises(
+        ValueError, match=r"'norm_schedule' with mask 'scale_invariant' needs .*scale_invariant_mask="
+    ):
+        opt.make_optimizer({"wrappers": ("norm_schedule",)}, 10)
+    mimic = {"wrappers": ("wd_mimicry",), "wrapper_kwargs": {"wd_mimicry": {"reference": "wd"}}}
+    with pytest.raises(ValueError, match=r"'wd_mimicry' needs the reference run's recorded norms"):
+        opt.make_optimizer(mimic, 10, scale_invariant_mask={"w": True})
+    with pytest.raises(ValueError, match=r"wrapper_kwargs\.wd_mimicry: .*'reference'"):
+        opt.make_optimizer({"wrappers": ("wd_mimicry",)}, 10, checking=True)
+    # checking: a config whose model and reference run do not exist yet passes
+    opt.make_optimizer(mimic, 10, checking=True)
 
-    monkeypatch.delattr(jaxnorm.optim, "enorm", raising=False)
-    with pytest.raises(ValueError, match=r"needs jaxnorm\.optim\.enorm"):
-        opt.make_optimizer({"wrappers": ("enorm",)}, 10)
+
+def _window_sgd(**window):
+    config = {
+        "name": "sgd",
+        "learning_rate": 1.0,
+        "wrappers": ("window",),
+        "wrapper_kwargs": {"window": window},
+    }
+    return opt.make_optimizer(config, 10)[0]
+
+
+def test_window_wrapper_wd_acts_only_inside_its_window():
+    tx = _window_sgd(kind="wd", start=1, end=3, weight_decay=0.1)
+    params = {"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3)}}
+    state = tx.init(params)
+    kernels = []
+    for _ in range(4):
+        zero = jax.tree.map(jnp.zeros_like, params)
+        updates, state = tx.update(zero, state, params)
+        params = optax.apply_updates(params, updates)
+        kernels.append(float(params["dense"]["kernel"][0, 0]))
+    np.testing.assert_allclose(kernels, [1.0, 0.9, 0.81, 0.81], rtol=1e-6)
+    np.testing.assert_array_equal(params["dense"]["bias"], 1.0)  # not a kernel: no decay
+
+
+def test_window_wrapper_wrs_rescales_only_inside_its_window():
+    tx = _window_sgd(kind="wrs", start=2, end=3, tau=1)
+    params = {"w": jnp.full((3, 2), 2.0)}
+    state = tx.init(params)
+    norms = []
+    for _ in range(4):
+        updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
+        params = optax.apply_updates(params, updates)
+        norms.append(float(jnp.linalg.norm(params["w"][:, 0])))
+    # w = 2 - k per element outside the window; update 2 (inside) rescales w = -1 to -1/sqrt(3).
+    np.testing.assert_allclose(norms, [np.sqrt(3), 0.0, 1.0, np.sqrt(3) + 1], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match=r"window\.kind must be one of \('wd', 'wrs'\)"):
+        _window_sgd(kind="l1", start=0, end=1)
+    with pytest.raises(ValueError, match="start < end"):
+        _window_sgd(kind="wd", start=3, end=3)

@@ -175,7 +175,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"config.dataset.name must be one of {list(data.names())}, got {config.dataset.name!r}"
         )
     build_model(config, data.info(config.dataset.name).num_classes, parallel)
-    make_optimizer(config.optimizer, 10**9)  # run length checked at run time
+    make_optimizer(config.optimizer, 10**9, checking=True)  # run length checked at run time
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:

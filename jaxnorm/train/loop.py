@@ -5,7 +5,9 @@
 in ``workdir`` if there is one, then for every step: feeds the global batch, applies the step, streams
 per-step metrics to ``workdir/metrics.jsonl`` (fetched from the device every ``log_every`` steps so
 the host never waits on each step), evaluates with the running statistics, saves checkpoints every
-``checkpoint_every`` steps and on SIGTERM, and draws the plots at the end.
+``checkpoint_every`` steps and on SIGTERM, and draws the plots at the end. A run that records unit
+norms (the ``record_norms`` wrapper) also leaves ``workdir/recorded_norms.npz``, the reference of a
+later ``wd_mimicry`` run.
 
 Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_steps`` (or
 ``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
@@ -27,7 +29,13 @@ from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal
 from jaxnorm.train.data import BatchSource
 from jaxnorm.train.metrics import MetricsWriter, progress_bar, weight_norm_metrics
-from jaxnorm.train.optimizers import make_optimizer
+from jaxnorm.train.norm_records import (
+    load_recorded_norms,
+    recorded_norms,
+    resolve_reference,
+    save_recorded_norms,
+)
+from jaxnorm.train.optimizers import make_optimizer, needs_scale_invariant_mask
 from jaxnorm.train.precision import initial_loss_scale
 from jaxnorm.train.sharding import DataParallel
 from jaxnorm.train.state import TrainState, create_train_state
@@ -145,6 +153,28 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
 
 
+def _scale_invariant_mask(model: Any, images: jax.Array) -> PyTree:
+    """The model's scale-invariant kernels (their units feed a BatchNorm), traced in training mode
+    on a batch of ``images`` (only the shapes are used: a full batch satisfies the statistics'
+    size checks, e.g. top-k's k)."""
+    from jaxnorm.optim import scale_invariant_mask
+
+    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    return scale_invariant_mask(
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
+    )
+
+
+def _reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:
+    """The recorded norms the ``wd_mimicry`` wrapper names, loaded; ``None`` without that wrapper."""
+    if "wd_mimicry" not in tuple(optimizer.get("wrappers", ()) or ()):
+        return None
+    kwargs = dict((dict(optimizer.get("wrapper_kwargs", {}) or {})).get("wd_mimicry", {}) or {})
+    if "reference" not in kwargs:
+        raise ValueError("optimizer.wrapper_kwargs.wd_mimicry.reference: name the reference run or file")
+    return load_recorded_norms(resolve_reference(kwargs["reference"], workdir))
+
+
 def train(
     config: Mapping[str, Any],
     *,
@@ -178,10 +208,18 @@ def train(
     steps = total_steps(cfg, train_data.steps_per_epoch)
     accumulate = int(cfg.optimizer.get("accumulate_steps", 1))
     first_epoch = train_data.epoch(0)
-    sample = next(first_epoch)["image"][:1]
+    first_images = next(first_epoch)["image"]
+    sample = first_images[:1]
     if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
         first_epoch.close()
-    tx, schedule = make_optimizer(with_enorm_spec(cfg.optimizer, model, sample), steps)
+    tx, schedule = make_optimizer(
+        with_enorm_spec(cfg.optimizer, model, sample),
+        steps,
+        scale_invariant_mask=(
+            _scale_invariant_mask(model, first_images) if needs_scale_invariant_mask(cfg.optimizer) else None
+        ),
+        reference_norms=_reference_norms(cfg.optimizer, workdir),
+    )
     rng = jax.random.PRNGKey(cfg.seed)
     loss_scale = initial_loss_scale(cfg.precision)
     state = parallel.init_state(
@@ -291,9 +329,14 @@ def train(
     summary = _summary(history, train_data.steps_per_epoch, cfg.log_every)
     summary["seconds"] = t_end - t_start
     summary["images_per_second"] = timed_images / train_seconds if timed_images else 0.0
-    if workdir is not None and cfg.plots and primary and not preempted:
-        plots.plot_run(history, workdir)
-    return RunResult(parallel.to_host(state), history, summary, preempted)
+    host_state = parallel.to_host(state)
+    if workdir is not None and primary and not preempted:
+        if cfg.plots:
+            plots.plot_run(history, workdir)
+        norms = recorded_norms(host_state.opt_state)
+        if norms is not None:
+            save_recorded_norms(workdir, norms)
+    return RunResult(host_state, history, summary, preempted)
 
 
 def _summary(history: list[dict[str, Any]], steps_per_epoch: int, log_every: int) -> dict[str, float]:

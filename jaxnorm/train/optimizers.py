@@ -7,9 +7,10 @@
     learning_rate, momentum, b1, b2, eps
     schedule: constant | step | cosine | linear | quadratic ; warmup_steps, boundaries (fractions of the
       run), decay_factor, end_value
-    weight_decay, weight_decay_mask: all | kernels | bn_scales | last_layer
+    weight_decay, weight_decay_mask: all | kernels | bn_scales | last_layer | last_kernel
     grad_clip_norm (0 = off), accumulate_steps (optax.MultiSteps)
     wrappers: names from WRAPPERS, applied in order; wrapper_kwargs: {name: {kwarg: value}}
+      (a wrapper's ``mask``: kernels | scale_invariant)
 
 Weight decay is the L2 penalty added to the gradient (as in the papers: Hoffer et al. 2018 Sec. 2 and
 the ENorm paper train with SGD + L2) for every optimizer except ``adamw``, where it is decoupled
@@ -18,27 +19,24 @@ the ENorm paper train with SGD + L2) for every optimizer except ``adamw``, where
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
 from flax import traverse_util
 
+from jaxnorm import optim
+
 PyTree = Any
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "linear", "quadratic")
-WEIGHT_DECAY_MASKS = ("all", "kernels", "bn_scales", "last_layer")
-# name -> (attribute of jaxnorm.optim, how it combines with the base optimizer)
-WRAPPERS = {
-    "wrs": ("weight_rescaling", "append"),
-    # WRS wrapping the optimizer, whose state (momentum, Adam moments) is rescaled with the weights
-    "wrs_state": ("weight_rescaling", "inner"),
-    "bwn": ("bwn_projection", "append"),
-    "enorm": ("enorm", "wrap"),
-}
+WEIGHT_DECAY_MASKS = ("all", "kernels", "bn_scales", "last_layer", "last_kernel")
+MASKS = ("kernels", "scale_invariant")
+"""Values of a wrapper's ``mask`` kwarg: every kernel (rank >= 2 leaf), or the scale-invariant ones
+(kernels whose units feed a BatchNorm, found by tracing the model; the training loop supplies them)."""
 
 
 def _choice(value: str, choices, what: str) -> str:
@@ -89,7 +87,8 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
 
     ``all``: every leaf; ``kernels``: every leaf with ``ndim >= 2`` (Dense / Conv kernels, weight-norm
     directions); ``bn_scales``: the ``scale`` leaves of normalization layers (BN gammas); ``last_layer``:
-    the leaves of the last module (in creation order) that owns a kernel, i.e. the classifier.
+    the leaves of the last module (in creation order) that owns a kernel, i.e. the classifier;
+    ``last_kernel``: that module's kernel only (the classifier's share of ``kernels``).
     """
     _choice(name, WEIGHT_DECAY_MASKS, "optimizer.weight_decay_mask")
 
@@ -104,9 +103,12 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
         else:
             owners = [k[:-1] for k, v in flat.items() if v.ndim >= 2]
             if not owners:
-                raise ValueError("weight_decay_mask='last_layer': the params have no kernel")
+                raise ValueError(f"weight_decay_mask={name!r}: the params have no kernel")
             last = owners[-1]
-            sel = {k: k[: len(last)] == last for k in flat}
+            if name == "last_kernel":
+                sel = {k: k[:-1] == last and flat[k].ndim >= 2 for k in flat}
+            else:
+                sel = {k: k[: len(last)] == last for k in flat}
         return traverse_util.unflatten_dict(sel)
 
     return mask
@@ -130,43 +132,204 @@ def _base(config: Mapping[str, Any], schedule: optax.Schedule) -> optax.Gradient
     return optax.chain(optax.add_decayed_weights(wd, mask), core)
 
 
-def _wrapper(name: str) -> tuple[Callable[..., Any], str]:
-    attr, how = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
-    optim = importlib.import_module("jaxnorm.optim")
-    fn = getattr(optim, attr, None)
-    if fn is None:
+class WrapperContext(NamedTuple):
+    """What a wrapper may need beyond its kwargs.
+
+    Attributes:
+      schedule: the learning-rate schedule of the base optimizer (over updates).
+      base_learning_rate: the config's ``learning_rate`` (the schedule's peak).
+      total_updates: the number of optimizer updates of the run.
+      scale_invariant_mask: the model's scale-invariant kernels (a bool tree), for ``mask:
+        scale_invariant``; ``None`` when the model is not known.
+      reference_norms: the recorded norms ``wd_mimicry`` follows; ``None`` when not loaded.
+      checking: only check the config (no model, no reference run yet): wrappers that need what is
+        missing check their kwargs and leave the optimizer unchanged.
+    """
+
+    schedule: optax.Schedule
+    base_learning_rate: float
+    total_updates: int
+    scale_invariant_mask: PyTree | None = None
+    reference_norms: PyTree | None = None
+    checking: bool = False
+
+
+def _mask(name: str, context: WrapperContext, wrapper: str) -> PyTree | None:
+    """A wrapper's ``mask`` kwarg as a mask: ``None`` (every kernel) or the scale-invariant tree."""
+    _choice(name, MASKS, f"optimizer.wrapper_kwargs.{wrapper}.mask")
+    if name == "kernels":
+        return None
+    if context.scale_invariant_mask is None and not context.checking:
         raise ValueError(
-            f"optimizer wrapper {name!r} needs jaxnorm.optim.{attr}, which this installation lacks"
+            f"optimizer wrapper {wrapper!r} with mask 'scale_invariant' needs the model's scale-invariant "
+            "kernels: train through jaxnorm.train.train, or pass scale_invariant_mask= to make_optimizer"
         )
-    return fn, how
+    return context.scale_invariant_mask
+
+
+def _wrs(tx, context, *, tau: int = 20, mask: str = "kernels"):
+    return optax.chain(tx, optim.weight_rescaling(tau, mask=_mask(mask, context, "wrs")))
+
+
+def _wrs_state(tx, context, *, tau: int = 20, mask: str = "kernels"):
+    return optim.weight_rescaling(tau, mask=_mask(mask, context, "wrs_state"), inner=tx, rescale_state=True)
+
+
+def _bwn(tx, context, *, rho: Any = None, mask: str = "kernels"):
+    return optax.chain(tx, optim.bwn_projection(mask=_mask(mask, context, "bwn"), rho=rho))
+
+
+def _enorm(tx, context, **kwargs):
+    del context
+    return optim.enorm(tx, **kwargs)
+
+
+def _record_norms(tx, context, *, every: int = 1, mask: str = "scale_invariant"):
+    record = optim.record_norms(context.total_updates, every=every, mask=_mask(mask, context, "record_norms"))
+    return optax.chain(tx, record)
+
+
+def _wd_mimicry(
+    tx, context, *, reference: str, every: int = 1, step_decay: float = 0.0, mask: str = "scale_invariant"
+):
+    del reference  # a file or run name: the training loop loads it into context.reference_norms
+    selected = _mask(mask, context, "wd_mimicry")
+    if context.reference_norms is None:
+        if context.checking:
+            return tx
+        raise ValueError(
+            "optimizer wrapper 'wd_mimicry' needs the reference run's recorded norms: train through "
+            "jaxnorm.train.train (it loads wrapper_kwargs.wd_mimicry.reference), or pass "
+            "reference_norms= to make_optimizer"
+        )
+    mimic = optim.wd_mimicry(context.reference_norms, every=every, mask=selected, step_decay=step_decay)
+    return optax.chain(tx, mimic)
+
+
+def _norm_schedule(tx, context, *, rho: float = 1.0, mask: str = "scale_invariant"):
+    return optax.chain(tx, optim.norm_schedule(rho, mask=_mask(mask, context, "norm_schedule")))
+
+
+def _norm_schedule_from_lr(tx, context, *, mask: str = "scale_invariant"):
+    trade = optim.norm_schedule_from_lr(
+        context.schedule, context.base_learning_rate, mask=_mask(mask, context, "norm_schedule_from_lr")
+    )
+    return optax.chain(tx, trade)
+
+
+def _window(
+    tx,
+    context,
+    *,
+    kind: str,
+    start: int,
+    end: int,
+    weight_decay: float = 0.0,
+    tau: int = 20,
+    mask: str = "kernels",
+):
+    if not 0 <= start < end:
+        raise ValueError(f"optimizer.wrapper_kwargs.window: need 0 <= start < end, got {start}, {end}")
+
+    def active(count):
+        return (count >= start) & (count < end)
+
+    selected = _mask(mask, context, "window")
+    if _choice(kind, ("wd", "wrs"), "optimizer.wrapper_kwargs.window.kind") == "wd":
+        decay = optax.add_decayed_weights(
+            weight_decay, weight_decay_mask("kernels") if selected is None else selected
+        )
+        return optax.chain(optax.transforms.conditionally_transform(decay, active), tx)
+    wrs = optim.weight_rescaling(tau, mask=selected)
+    return optax.chain(tx, optax.transforms.conditionally_transform(wrs, active))
+
+
+WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    "wrs": _wrs,
+    "wrs_state": _wrs_state,
+    "bwn": _bwn,
+    "enorm": _enorm,
+    "record_norms": _record_norms,
+    "wd_mimicry": _wd_mimicry,
+    "norm_schedule": _norm_schedule,
+    "norm_schedule_from_lr": _norm_schedule_from_lr,
+    "window": _window,
+}
+"""Optimizer wrappers by name: ``build(tx, context, **wrapper_kwargs) -> tx``.
+
+* ``wrs``: weight rescaling every ``tau`` updates, after the optimizer, its state left alone (Liu et
+  al. Sec. 5); ``wrs_state``: the same wrapping the optimizer, whose state is rescaled with the weights.
+* ``bwn``: bounded-weight-norm projection (Norm matters Sec. 4); ``enorm``: ENorm cycles (Stock et
+  al. Alg. 2), kwargs of :func:`jaxnorm.optim.enorm`.
+* ``record_norms``: record the unit norms (the reference of ``wd_mimicry``; the loop saves them to
+  ``recorded_norms.npz``); ``wd_mimicry``: scale each unit's step by ``||w||^2 / ||w_ref||^2``,
+  ``reference`` = that file, its run directory or a sibling run's name (Norm matters Sec. 2).
+* ``norm_schedule``: hold unit norms at ``rho``; ``norm_schedule_from_lr``: constant step for the
+  selected units, norms ``sqrt(lr_0 / lr(t))`` in place of the LR decay (Norm matters Sec. 2).
+* ``window``: weight decay (``kind: wd``, inside the momentum) or WRS (``kind: wrs``) active only
+  for updates ``start <= t < end`` (Liu et al. Fig. 7).
+
+``mask`` (``kernels`` or ``scale_invariant``) selects the kernels; the Norm-matters wrappers default
+to the scale-invariant ones, the others to every kernel (Liu et al. rescale the classifier too).
+"""
+
+
+def _wrapper_kwargs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return dict((dict(config.get("wrapper_kwargs", {}) or {})).get(name, {}) or {})
+
+
+def needs_scale_invariant_mask(config: Mapping[str, Any]) -> bool:
+    """Whether a wrapper of the optimizer config selects the scale-invariant kernels."""
+    for name in tuple(config.get("wrappers", ()) or ()):
+        build = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
+        default = inspect.signature(build).parameters.get("mask")
+        mask = _wrapper_kwargs(config, name).get("mask", None if default is None else default.default)
+        if mask == "scale_invariant":
+            return True
+    return False
 
 
 def make_optimizer(
-    config: Mapping[str, Any], total_steps: int
+    config: Mapping[str, Any],
+    total_steps: int,
+    *,
+    scale_invariant_mask: PyTree | None = None,
+    reference_norms: PyTree | None = None,
+    checking: bool = False,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds ``(tx, schedule)`` from an optimizer config (see the module docstring).
 
     ``total_steps`` counts micro-steps; with ``accumulate_steps = k`` the schedule runs over
     ``total_steps // k`` updates and ``tx`` is ``optax.MultiSteps(..., every_k_schedule=k)``.
+    ``scale_invariant_mask`` (from :func:`jaxnorm.optim.scale_invariant_mask`) and ``reference_norms``
+    (from :func:`jaxnorm.train.norm_records.load_recorded_norms`) serve the wrappers that need them
+    (:class:`WrapperContext`); ``checking=True`` checks a config without them.
     """
     accumulate = int(config.get("accumulate_steps", 1))
     if accumulate < 1:
         raise ValueError(f"optimizer.accumulate_steps must be >= 1, got {accumulate}")
-    schedule = make_schedule(config, max(1, total_steps // accumulate))
+    updates = max(1, total_steps // accumulate)
+    schedule = make_schedule(config, updates)
     tx = _base(config, schedule)
     clip = float(config.get("grad_clip_norm", 0.0))
     if clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(clip), tx)
-    wrapper_kwargs = dict(config.get("wrapper_kwargs", {}) or {})
+    context = WrapperContext(
+        schedule=schedule,
+        base_learning_rate=float(config.get("learning_rate", 0.1)),
+        total_updates=updates,
+        scale_invariant_mask=scale_invariant_mask,
+        reference_norms=reference_norms,
+        checking=checking,
+    )
     for name in tuple(config.get("wrappers", ()) or ()):
-        fn, how = _wrapper(name)
-        kwargs = dict(wrapper_kwargs.get(name, {}) or {})
-        if how == "wrap":
-            tx = fn(tx, **kwargs)
-        elif how == "inner":
-            tx = fn(inner=tx, rescale_state=True, **kwargs)
-        else:
-            tx = optax.chain(tx, fn(**kwargs))
+        build = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
+        kwargs = _wrapper_kwargs(config, name)
+        try:
+            inspect.signature(build).bind(tx, context, **kwargs)
+        except TypeError as err:
+            raise ValueError(f"optimizer.wrapper_kwargs.{name}: {err}") from err
+        tx = build(tx, context, **kwargs)
     if accumulate > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
     return tx, schedule
