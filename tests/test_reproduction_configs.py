@@ -16,7 +16,7 @@ import pytest
 from fmnist import needs_fmnist
 
 from experiments import __main__ as cli
-from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm, wd_time
+from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm
 from jaxnorm.train import experiment
 
 REPRO_CONFIGS = (
@@ -26,10 +26,13 @@ REPRO_CONFIGS = (
     "fmnist_small_batch",
     "fmnist_enorm_nv",
     "fmnist_wd_time",
+    "fmnist_effective_lr",
+    "fmnist_wrs_conv",
     "cifar10_enorm_fc",
     "cifar10_enorm_nv",
     "cifar10_resnet56_norm_matters",
     "cifar10_wrs",
+    "cifar10_vgg11_norm_matters",
 )
 
 
@@ -103,8 +106,12 @@ def test_l1_constant_factor_gives_the_swept_constant(x64):
     variables = module.init(jax.random.key(0), jnp.asarray(x[:2]), train=False)
     params = jax.tree_util.tree_map(np.asarray, variables["params"])
     _, inter = module.apply(
-        variables, jnp.asarray(x), train=True, mutable=["batch_stats", "intermediates"],
-        capture_intermediates=lambda mdl, _: mdl.name == "bn_0")
+        variables,
+        jnp.asarray(x),
+        train=True,
+        mutable=["batch_stats", "intermediates"],
+        capture_intermediates=lambda mdl, _: mdl.name == "bn_0",
+    )
     h = np.maximum(x @ params["stem"]["kernel"] + params["stem"]["bias"], 0.0)
     dev = h @ params["dense_0"]["kernel"]
     dev = dev - dev.mean(0)
@@ -113,17 +120,18 @@ def test_l1_constant_factor_gives_the_swept_constant(x64):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_wrs_state_wrapper_rescales_weights_every_tau_updates(monkeypatch):
-    import jaxnorm.optim
-    from experiments.scripts import wrs_state
+def test_wrs_state_wrapper_rescales_weights_every_tau_updates():
     from jaxnorm.train import optimizers
 
-    monkeypatch.setattr(optimizers, "WRAPPERS", dict(optimizers.WRAPPERS))
-    monkeypatch.setattr(jaxnorm.optim, "weight_rescaling_with_state", None, raising=False)
-    wrs_state.register()
     tx, _ = optimizers.make_optimizer(
-        {"name": "momentum", "learning_rate": 0.1, "wrappers": ("wrs_state",),
-         "wrapper_kwargs": {"wrs_state": {"tau": 2}}}, 10)
+        {
+            "name": "momentum",
+            "learning_rate": 0.1,
+            "wrappers": ("wrs_state",),
+            "wrapper_kwargs": {"wrs_state": {"tau": 2}},
+        },
+        10,
+    )
     params = {"w": jnp.full((3, 2), 2.0)}
     state = tx.init(params)
     grads = {"w": jnp.ones((3, 2))}
@@ -159,53 +167,26 @@ def test_enorm_nv_enorm_variant_trains_two_steps():
         base.model.kwargs.widths = (4, 4, 4)
     full = experiment.experiment_defaults()
     full.update(base)
-    overrides = {**enorm_nv.cell_overrides(8, "momentum", module.learning_rate),
-                 **enorm_nv.with_spec(module.VARIANTS["enorm-1.2"], enorm_nv.enorm_spec(full)),
-                 "num_steps": 2, "dataset.train_split": "train[:64]", "dataset.eval_split": "test[:64]"}
+    overrides = {
+        **enorm_nv.cell_overrides(8, "momentum", module.learning_rate),
+        **enorm_nv.with_spec(module.VARIANTS["enorm-1.2"], enorm_nv.enorm_spec(full)),
+        "num_steps": 2,
+        "dataset.train_split": "train[:64]",
+        "dataset.eval_split": "test[:64]",
+    }
     result = grid.run_one(base, overrides, seed=0)
     assert result["steps"] == 2 and math.isfinite(result["train_loss"])
-
-
-def test_window_regularizer_wd_acts_only_inside_its_window():
-    import optax
-
-    tx = wd_time.window_regularizer(optax.sgd(1.0), kind="wd", start=1, end=3, weight_decay=0.1)
-    params = {"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3)}}
-    state = tx.init(params)
-    kernels = []
-    for _ in range(4):
-        zero = jax.tree.map(jnp.zeros_like, params)
-        updates, state = tx.update(zero, state, params)
-        params = optax.apply_updates(params, updates)
-        kernels.append(float(params["dense"]["kernel"][0, 0]))
-    np.testing.assert_allclose(kernels, [1.0, 0.9, 0.81, 0.81], rtol=1e-6)
-    np.testing.assert_array_equal(params["dense"]["bias"], 1.0)  # not a kernel: no decay
-
-
-def test_window_regularizer_wrs_rescales_only_inside_its_window():
-    import optax
-
-    tx = wd_time.window_regularizer(optax.sgd(1.0), kind="wrs", start=2, end=3, tau=1)
-    params = {"w": jnp.full((3, 2), 2.0)}
-    state = tx.init(params)
-    norms = []
-    for _ in range(4):
-        updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
-        params = optax.apply_updates(params, updates)
-        norms.append(float(jnp.linalg.norm(params["w"][:, 0])))
-    # w = 2 - k per element outside the window; update 2 (inside) rescales w = -1 to -1/sqrt(3).
-    np.testing.assert_allclose(norms, [np.sqrt(3), 0.0, 1.0, np.sqrt(3) + 1], rtol=1e-5, atol=1e-7)
-    with pytest.raises(ValueError, match="kind"):
-        wd_time.window_regularizer(optax.sgd(1.0), kind="l1", start=0, end=1)
 
 
 def test_implicit_imbalance_matches_numpy_and_vanishes_after_balancing(x64):
     from jaxnorm.enorm import chain, enorm_balance
 
     rng = np.random.default_rng(0)
-    params = {"dense_0": {"kernel": rng.normal(size=(5, 4)) * 3, "bias": rng.normal(size=4)},
-              "dense_1": {"kernel": rng.normal(size=(4, 6)), "bias": rng.normal(size=6)},
-              "head": {"kernel": rng.normal(size=(6, 2)) * 0.5, "bias": rng.normal(size=2)}}
+    params = {
+        "dense_0": {"kernel": rng.normal(size=(5, 4)) * 3, "bias": rng.normal(size=4)},
+        "dense_1": {"kernel": rng.normal(size=(4, 6)), "bias": rng.normal(size=6)},
+        "head": {"kernel": rng.normal(size=(6, 2)) * 0.5, "bias": rng.normal(size=2)},
+    }
     spec = chain(params)
     expected = []
     for a, b in (("dense_0", "dense_1"), ("dense_1", "head")):
@@ -242,7 +223,43 @@ def test_cifar_nv_enorm_variant_with_final_bn_trains_through_the_loop():
         base.dataset.augment = ""
         base.model.kwargs.widths = (4, 4, 4)
     variant = grid.load_module("cifar10_enorm_nv").VARIANTS["enorm-1.2"]
-    overrides = {**variant, "num_steps": 2, "dataset.batch_size": 8, "dataset.train_split": "train[:64]",
-                 "dataset.eval_split": "test[:64]"}
+    overrides = {
+        **variant,
+        "num_steps": 2,
+        "dataset.batch_size": 8,
+        "dataset.train_split": "train[:64]",
+        "dataset.eval_split": "test[:64]",
+    }
     result = grid.run_one(base, overrides, seed=0)
     assert result["steps"] == 2 and math.isfinite(result["train_loss"])
+
+
+def test_cifar10_vgg11_norm_matters_sweep_runs_on_mock_cifar(tmp_path):
+    """The paper-setting config's sweep on TFDS mock CIFAR-10 with a narrow VGG11 (three of its six
+    runs, in order): the reference leaves its recorded norms (the convs only) and the mimicry run
+    finds them as its sibling ``wd``."""
+    import tensorflow_datasets as tfds
+
+    from jaxnorm.data import tfds_io
+
+    config = cli.load_config("cifar10_vgg11_norm_matters", [])
+    picked = (0, 2, 4)
+    with config.unlocked():
+        config.quick, config.quick_steps, config.quick_examples = True, 3, 64
+        config.model.kwargs = {"width_multiplier": 0.0625}
+        config.workdir = str(tmp_path)
+        config.plots = False
+        config.sweep.grid = tuple(config.sweep.grid[i] for i in picked)
+        config.sweep.names = tuple(config.sweep.names[i] for i in picked)
+    tfds_io.read_arrays.cache_clear()
+    try:
+        with tfds.testing.mock_data(num_examples=64):
+            results = experiment.run_experiment(config, print_fn=lambda *_: None)
+    finally:
+        tfds_io.read_arrays.cache_clear()
+    assert list(results) == ["wd", "no_wd_mimicry", "norm_schedule"]
+    assert all(r["steps"] == 3 and math.isfinite(r["train_loss"]) for r in results.values())
+    with np.load(tmp_path / "wd" / "recorded_norms.npz") as saved:
+        assert sorted(saved.files) == [f"conv_{i}/kernel" for i in range(8)]  # not the classifier
+        assert saved["conv_0/kernel"].shape == (1, 4)  # 3 updates recorded every 10: one row; 64 / 16
+    assert not (tmp_path / "no_wd_mimicry" / "recorded_norms.npz").exists()

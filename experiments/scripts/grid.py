@@ -6,7 +6,9 @@ key: value}}`` (e.g. ``{"enorm-1.2": {"optimizer.wrappers": ("enorm",), ...}}``)
 Each (variant, seed) run trains in memory (no checkpoints) with the library's training loop; the
 script prints a Markdown table (final and best test accuracy, final train loss, total l2 norm of
 the kernels at the end: mean ± std over seeds) and saves the mean test-accuracy curves to
-``<out>/<config>.png``.
+``<out>/<config>.png``. Variants run in the order of ``VARIANTS``; a ``wd_mimicry`` variant names
+its reference variant (``wrapper_kwargs.wd_mimicry.reference``), whose recorded norms of the same
+seed it reads.
 
     python experiments/scripts/grid.py fmnist_enorm_depth [--seeds 0 1 2] [--only a b]
         [--set optimizer.learning_rate=0.05 ...] [--out experiments/figures]
@@ -21,6 +23,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from experiments.__main__ import resolve
 from jaxnorm.train import experiment
+from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 
 
 def load_module(name: str):
@@ -78,8 +82,14 @@ def kernel_l2(params) -> float:
     return float(jnp.sqrt(sum(jnp.sum(jnp.asarray(x, jnp.float32) ** 2) for x in leaves)))
 
 
-def run_one(base, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """One run in memory: its summary plus ``final_l2`` and the test-accuracy curve."""
+def run_one(base, overrides: Mapping[str, Any], seed: int, records: str | None = None,
+            name: str = "") -> dict[str, Any]:
+    """One run in memory: its summary plus ``final_l2`` and the test-accuracy curve.
+
+    ``records``: a directory for recorded unit norms (the ``record_norms`` wrapper), saved as
+    ``<records>/<name>/recorded_norms.npz``; a ``wd_mimicry`` reference that names a variant is
+    read from there (run the reference variant first, with the same ``records``).
+    """
     config = experiment.experiment_defaults()
     config.update(copy.deepcopy(base))
     for key, value in overrides.items():
@@ -90,8 +100,15 @@ def run_one(base, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
         config.checkpoint_every = 0
         config.plots = False
         config.sweep.key = ""
+        mimicry = config.optimizer.get("wrapper_kwargs", {}).get("wd_mimicry", {})
+        wrappers = tuple(config.optimizer.get("wrappers", ()))
+        if records and "wd_mimicry" in wrappers and not os.path.exists(mimicry.reference):
+            mimicry.reference = os.path.join(records, mimicry.reference)
     experiment.validate(config)
     result = experiment.run(config, None)
+    norms = recorded_norms(result.state.opt_state)
+    if records and norms is not None:
+        save_recorded_norms(os.path.join(records, name), norms)
     evals = [(r["step"], r["accuracy"]) for r in result.history if r["split"] == "eval"]
     return {**result.summary, "final_l2": kernel_l2(result.state.params), "curve": evals,
             "norms": hidden_norm_curve(result.history)}
@@ -165,13 +182,14 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
     seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
     variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, overrides in variants.items():
-        results[name] = []
-        for seed in seeds:
-            r = run_one(base, overrides, seed)
-            results[name].append(r)
-            print(f"{name} seed {seed}: test acc {100 * r['eval_accuracy']:.2f}%, "
-                  f"{r['seconds']:.0f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="grid_records_") as records:  # recorded norms per seed
+        for name, overrides in variants.items():
+            results[name] = []
+            for seed in seeds:
+                r = run_one(base, overrides, seed, os.path.join(records, f"seed{seed}"), name)
+                results[name].append(r)
+                print(f"{name} seed {seed}: test acc {100 * r['eval_accuracy']:.2f}%, "
+                      f"{r['seconds']:.0f} s", flush=True)
     print(table(results))
     name = os.path.splitext(os.path.basename(args.config))[0]
     os.makedirs(args.out, exist_ok=True)

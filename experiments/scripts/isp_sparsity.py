@@ -26,7 +26,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.scripts.grid import fmt
-from experiments.scripts.wd_mimicry import hidden_kernels, run
+from experiments.scripts.small_loop import hidden_kernels, run
 from jaxnorm import data, models
 from jaxnorm.diagnostics import fit_generalized_gaussian, input_span_projection
 from jaxnorm.optim import weight_rescaling

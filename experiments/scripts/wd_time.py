@@ -3,13 +3,11 @@
 Runs the ``fmnist_wd_time`` setting (see that config) with: no regularizer; weight decay (L2,
 inside the momentum, on the kernels) for the whole run, only before the first learning-rate decay
 ("early"), only from it to the end ("late"); the same three windows for WRS (every kernel's units
-set to unit l2 norm after every ``tau``-th update). The switch is by optimizer step: WD through
-``optax.inject_hyperparams(optax.add_decayed_weights)`` with a weight decay that is ``wd`` inside
-the window and 0 outside; WRS through :func:`windowed`, which keeps ``weight_rescaling``'s updates
-inside the window and passes the optimizer's updates through outside it. The experiment
-configs' wrapper registry has neither, so this script registers the wrapper ``window`` for the
-duration of the run (as ``wrs_state.py`` does). Prints mean ± std over seeds and plots the
-curves (``<out>/fmnist_wd_time.png``; dashed lines: the learning-rate decays).
+set to unit l2 norm after every ``tau``-th update inside the window). The switch is by optimizer
+step, through the optimizer registry's ``window`` wrapper (``jaxnorm.train.optimizers.WRAPPERS``:
+``optax.transforms.conditionally_transform`` around the weight decay, before the optimizer, or
+around the WRS, after it). Prints mean ± std over seeds and plots the curves
+(``<out>/fmnist_wd_time.png``; dashed lines: the learning-rate decays).
 
     python experiments/scripts/wd_time.py [--seeds 0 1] [--only none "wd (early)"] [--set num_epochs=60]
 """
@@ -20,70 +18,20 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import matplotlib
 import numpy as np
-import optax
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import jaxnorm.optim
 from experiments.scripts import grid
 from jaxnorm import data
-from jaxnorm.train import optimizers
 
 CONFIG = "fmnist_wd_time"
-
-
-class WindowState(NamedTuple):
-    """State of :func:`windowed`: the update count and the regularizer's state."""
-
-    count: jax.Array
-    inner_state: optax.OptState
-
-
-def windowed(
-    transform: optax.GradientTransformation, start: int, end: int
-) -> optax.GradientTransformation:
-    """``transform``'s updates for updates number ``start <= k < end`` (counted from 0), the
-    incoming updates unchanged otherwise (``transform``'s state advances on every update)."""
-
-    def init_fn(params):
-        return WindowState(count=jnp.zeros([], jnp.int32), inner_state=transform.init(params))
-
-    def update_fn(updates, state, params=None):
-        new, inner_state = transform.update(updates, state.inner_state, params)
-        inside = (state.count >= start) & (state.count < end)
-        out = jax.tree.map(lambda a, b: jnp.where(inside, a, b), new, updates)
-        return out, WindowState(count=optax.safe_int32_increment(state.count), inner_state=inner_state)
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-def window_regularizer(inner: optax.GradientTransformation, *, kind: str, start: int, end: int,
-                       weight_decay: float = 0.0, tau: int = 1, mask: str = "kernels"):
-    """``inner`` with WD (``kind="wd"``, before ``inner``: L2 inside the momentum) or WRS
-    (``kind="wrs"``, after ``inner``) active only for updates ``start <= k < end``."""
-    if kind == "wd":
-        decay = optax.inject_hyperparams(optax.add_decayed_weights, static_args=("mask",))(
-            weight_decay=lambda k: jnp.where((k >= start) & (k < end), weight_decay, 0.0),
-            mask=optimizers.weight_decay_mask(mask))
-        return optax.chain(decay, inner)
-    if kind == "wrs":
-        return optax.chain(inner, windowed(jaxnorm.optim.weight_rescaling(tau), start, end))
-    raise ValueError(f"kind must be 'wd' or 'wrs', got {kind!r}")
-
-
-def register() -> None:
-    """Adds the ``window`` wrapper to the configs' optimizer registry (this process only)."""
-    jaxnorm.optim.window_regularizer = window_regularizer
-    optimizers.WRAPPERS["window"] = ("window_regularizer", "wrap")
 
 
 def variants(module, base) -> tuple[dict[str, dict[str, Any]], list[int]]:
@@ -131,7 +79,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", default="experiments/figures")
     args = parser.parse_args(argv)
 
-    register()
     module = grid.load_module(CONFIG)
     base = module.get_config()
     grid.apply_sets(base, args.set)

@@ -26,7 +26,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.scripts.grid import fmt
-from experiments.scripts.wd_mimicry import run
+from experiments.scripts.small_loop import run
 from jaxnorm import data
 from jaxnorm import nn as jnn
 
