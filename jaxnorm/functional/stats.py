@@ -129,7 +129,7 @@ class Moments(NamedTuple):
     m2: jnp.ndarray | None
 
 
-def _stats_dtype(x: jnp.ndarray) -> jnp.dtype:
+def stats_dtype(x: jnp.ndarray) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
@@ -171,7 +171,7 @@ def local_moments(
     exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the branch
     taken does not change the backward pass.
     """
-    dtype = _stats_dtype(x)
+    dtype = stats_dtype(x)
     values = x.astype(dtype)
     if mask is None:
         count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
