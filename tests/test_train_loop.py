@@ -215,3 +215,27 @@ def test_norm_schedule_wrappers_hold_and_grow_the_scale_invariant_norms():
     np.testing.assert_allclose(norms["hold"][0], 2.0, rtol=1e-5)
     np.testing.assert_allclose(norms["trade"][0], np.sqrt(0.2 / 0.05), rtol=1e-5)
     assert not np.allclose(norms["trade"][1], norms["trade"][1][0])  # the classifier is not projected
+
+
+def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
+    """The loop's mask for the Norm-matters wrappers: the conv of a BN net; a clear error under pmap
+    and for a net without BN, rather than a mask that silently selects no kernel."""
+    from jaxnorm.train.loop import _scale_invariant_mask
+
+    images = _data(8)["image"]
+    expected = {
+        "Conv_0": {"kernel": True},
+        "Dense_0": {"kernel": False},
+        "BatchNorm_0": {"scale": False, "bias": False},
+    }
+    assert _scale_invariant_mask(BNNet(), images, None) == expected
+    with pytest.raises(ValueError, match="need parallel='jit'"):
+        _scale_invariant_mask(BNNet(), images, "batch")
+
+    class NoBN(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            return nn.Dense(3)(nn.relu(nn.Conv(8, (3, 3))(x)).mean((1, 2)))
+
+    with pytest.raises(ValueError, match="no kernel of this model is scale invariant"):
+        _scale_invariant_mask(NoBN(), images, None)

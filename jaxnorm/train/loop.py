@@ -153,16 +153,30 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
 
 
-def _scale_invariant_mask(model: Any, images: jax.Array) -> PyTree:
+def _scale_invariant_mask(model: Any, images: jax.Array, axis_name: str | None) -> PyTree:
     """The model's scale-invariant kernels (their units feed a BatchNorm), traced in training mode
     on a batch of ``images`` (only the shapes are used: a full batch satisfies the statistics'
     size checks, e.g. top-k's k)."""
     from jaxnorm.optim import scale_invariant_mask
 
+    if axis_name is not None:
+        raise ValueError(
+            "optimizer wrappers with mask 'scale_invariant' need parallel='jit': under pmap the BN layers "
+            "merge their moments across devices in one stacked collective, which the tracer of "
+            "jaxnorm.optim.scale_invariant_mask cannot follow; use parallel='jit' (sharded, the main path) "
+            "or mask 'kernels'"
+        )
     variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
-    return scale_invariant_mask(
+    mask = scale_invariant_mask(
         lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
     )
+    if not any(jax.tree.leaves(mask)):
+        raise ValueError(
+            "optimizer wrappers with mask 'scale_invariant': no kernel of this model is scale invariant "
+            "(none feeds a BatchNorm, or jaxnorm.optim.scale_invariant_mask cannot follow the model); "
+            "use mask 'kernels'"
+        )
+    return mask
 
 
 def _reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:
@@ -216,7 +230,9 @@ def train(
         with_enorm_spec(cfg.optimizer, model, sample),
         steps,
         scale_invariant_mask=(
-            _scale_invariant_mask(model, first_images) if needs_scale_invariant_mask(cfg.optimizer) else None
+            _scale_invariant_mask(model, first_images, parallel.axis_name)
+            if needs_scale_invariant_mask(cfg.optimizer)
+            else None
         ),
         reference_norms=_reference_norms(cfg.optimizer, workdir),
     )
