@@ -237,6 +237,15 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
     return dtypes
 
 
+def _parse_rows(text: str) -> tuple[Row, ...]:
+    by_name = {row.name: row for row in ROWS}
+    names = text.split(",")
+    for name in names:
+        if name not in by_name:
+            raise argparse.ArgumentTypeError(f"expected row names among {sorted(by_name)}, got {name!r}")
+    return tuple(by_name[name] for name in names)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -255,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                              "reused: kernel time, not page faults. default: glibc's settings")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"samples per candidate (default: {QUICK_REPEATS} with --quick, else {REPEATS})")
+    parser.add_argument("--rows", type=_parse_rows, default=ROWS,
+                        help="comma-separated row names to run, exact (default: all): "
+                             + ", ".join(repr(r.name) for r in ROWS))
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.malloc == "reuse" and any(os.environ.get(k) != v for k, v in MALLOC_REUSE.items()):
@@ -284,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             kx, kc = jax.random.split(jax.random.key(math.prod(shape)))
             x = (1.0 + 2.0 * jax.random.normal(kx, shape)).astype(dtype)
             cotangent = jax.random.normal(kc, shape).astype(dtype)
-            for row in ROWS:
+            for row in args.rows:
                 for result in bench_row(row, x, cotangent, timing_kw):
                     results.append(result)
                     print(format_row(result), flush=True)

@@ -264,6 +264,26 @@ def test_linf_gradient_shares_tied_extremes_equally(x64):
     np.testing.assert_allclose(got, oracles.linf_c(10) * want, rtol=1e-12, atol=1e-15)
 
 
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_l1_gradient_takes_minus_one_at_ties_with_the_mean(x64, masked):
+    """d sum|x - mean| / dx_i = s_i - mean(s), with s = +1 above the mean, -1 at and below it (the
+    documented subgradient); masked elements get 0 and leave the count. Written out in float64."""
+    x = np.array([[1.0, 3.0], [2.0, 3.0], [3.0, 3.0], [6.0, 3.0], [-2.0, 5.0]])  # column 0: mean 2
+    mask = np.array([[True], [True], [True], [True], [masked is False]])
+    if masked:
+        x[4, 0] = 100.0  # hidden: without the mask it would move the mean
+    mask_arg = jnp.asarray(mask) if masked else None
+    got = jax.grad(lambda x: jnp.sum(F.batch_stats(x, p=1, mask=mask_arg)[1]))(jnp.asarray(x))
+    want = np.zeros_like(x)
+    keep = mask[:, 0]
+    for c in range(2):
+        values = x[keep, c]
+        mean = values.mean()
+        s = np.where(values > mean, 1.0, -1.0)
+        # batch_stats gives sigma = C mean|x - mean|:  d sigma / dx_i = C (s_i - mean(s)) / n
+        want[keep, c] = oracles.L1 * (s - s.mean()) / len(values)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 def test_vmap_over_differently_conditioned_inputs():
     """A batched cond predicate (one slice needs the shifted pass, one does not) gives per-slice results."""
     xs = np.stack([_normal((64, 3), seed=25), _normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
@@ -272,6 +292,34 @@ def test_vmap_over_differently_conditioned_inputs():
         norm = functools.partial(F.batch_norm, p=p, epsilon=1e-12)
         for got, x in zip(jax.vmap(norm)(xs), xs, strict=True):
             np.testing.assert_allclose(got, norm(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("p", "topk"), [(p, None) for p in P_VALUES] + [("inf", 3)])
+def test_bf16_input_masked_stats_and_gradients_match_float32(p, topk):
+    """bf16 input is widened once per reduction (separate reads): statistics and gradients equal those of
+    the same values given in float32, masked or not."""
+    x = jnp.asarray(_normal((32, 3, 8), seed=31, loc=2.0, scale=1.5), jnp.bfloat16)
+    mask = jnp.asarray(_normal((32, 3, 1), seed=32) > -0.5)
+    cotangent = jnp.asarray(_normal((32, 3, 8), seed=33))
+    for m in (None, mask):
+
+        def loss(x, m=m):
+            y = F.batch_norm(x, p=p, topk=topk, mask=m, axis=-1).astype(jnp.float32)
+            return jnp.sum(y * cotangent)
+
+        got = F.batch_moments(x, p=p, topk=topk, mask=m, axis=-1)
+        want = F.batch_moments(x.astype(jnp.float32), p=p, topk=topk, mask=m, axis=-1)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+        np.testing.assert_allclose(
+            jax.grad(loss)(x).astype(jnp.float32),
+            jax.grad(loss)(x.astype(jnp.float32)).astype(jnp.bfloat16).astype(jnp.float32),
+            rtol=1e-2, atol=1e-2,
+        )
+        oracle_mean, oracle_var = oracles.batch_moments(np.asarray(x, np.float64), p, topk=topk,
+                                                        mask=None if m is None else np.asarray(m))
+        np.testing.assert_allclose(got[0], oracle_mean, rtol=1e-5)
+        np.testing.assert_allclose(got[1], oracle_var, rtol=1e-4)
 
 
 @pytest.mark.parametrize("p", P_VALUES)

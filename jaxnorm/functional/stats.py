@@ -133,6 +133,20 @@ def stats_dtype(x: jnp.ndarray) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
+def _separate_reads(x: jnp.ndarray, num: int) -> tuple[jnp.ndarray, ...]:
+    """``num`` copies of a low-precision ``x`` that XLA widens to float32 separately, one per reduction.
+
+    XLA shares ``x.astype(float32)`` between the reductions (and the output pass) that read it, and a
+    shared widening is written to memory in float32 before being read again: bfloat16 batch-norm
+    statistics then cost 3.5 copies of ``x`` on XLA:CPU, against 0.5 with a widening fused into each
+    reduction (``benchmarks/floor.py``). The copies are aliases (an optimization barrier), not data
+    copies. For float32 and wider ``x`` there is nothing to widen: ``x`` itself, ``num`` times.
+    """
+    if num == 1 or x.dtype == stats_dtype(x):
+        return (x,) * num
+    return lax.optimization_barrier((x,) * num)
+
+
 CONDITION_LIMIT = 32.0
 """Largest ``mean^2 / var`` of a group for which :func:`local_moments` keeps the one-pass raw sums.
 
@@ -172,27 +186,32 @@ def local_moments(
     taken does not change the backward pass.
     """
     dtype = stats_dtype(x)
-    values = x.astype(dtype)
     if mask is None:
         count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
     else:
-        values = jnp.where(mask, values, 0)
         count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
     if not with_m2:
-        return Moments(count, jnp.sum(values, axis=axes, keepdims=True) / jnp.maximum(count, 1), None)
-    return Moments(count, *_mean_m2(values, count, mask, axes, one_pass))
+        total = jnp.sum(_widen(x, mask), axis=axes, keepdims=True)
+        return Moments(count, total / jnp.maximum(count, 1), None)
+    return Moments(count, *_mean_m2(x, count, mask, axes, one_pass))
+
+
+def _widen(x: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    """``x`` in the statistics dtype, zero where masked."""
+    values = x.astype(stats_dtype(x))
+    return values if mask is None else jnp.where(mask, values, 0)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _mean_m2(
-    values: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
+    x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Mean and M2 of ``values`` (zero where masked) over ``axes``; see :func:`local_moments`."""
-    return _mean_m2_value(values, count, mask, axes, one_pass, opaque_mean=False)
+    """Mean and M2 of ``x`` (unmasked elements, statistics dtype) over ``axes``; see :func:`local_moments`."""
+    return _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=False)
 
 
 def _mean_m2_value(
-    values: jnp.ndarray,
+    x: jnp.ndarray,
     count: jnp.ndarray,
     mask: jnp.ndarray | None,
     axes: tuple[int, ...],
@@ -204,11 +223,13 @@ def _mean_m2_value(
     differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
     out; without it, a row's whole normalization stays one fused kernel."""
     safe_count = jnp.maximum(count, 1)
-    total = jnp.sum(values, axis=axes, keepdims=True)
+    last_axis = x.ndim - 1 in axes
+    sum_source, square_source = (x, x) if last_axis else _separate_reads(x, 2)
+    total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
     mean = total / safe_count
 
     def deviations(centre: jnp.ndarray) -> jnp.ndarray:
-        d = values - centre
+        d = x.astype(centre.dtype) - centre
         return d if mask is None else jnp.where(mask, d, 0)
 
     def centred_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -222,24 +243,25 @@ def _mean_m2_value(
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
 
-    if values.ndim - 1 in axes:
+    if last_axis:
         return centred_pass()
     if not one_pass:
         return shifted_pass()
-    raw_m2 = jnp.sum(jnp.square(values), axis=axes, keepdims=True) - total * mean
+    raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
     well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
     return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), shifted_pass)
 
 
 @_mean_m2.defjvp
 def _mean_m2_jvp(axes, one_pass, primals, tangents):
-    values, count, mask = primals
-    values_dot = tangents[0]
-    mean, m2 = _mean_m2_value(values, count, mask, axes, one_pass, opaque_mean=True)
+    x, count, mask = primals
+    values_dot = _widen(tangents[0], mask)
+    mean, m2 = _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=True)
     mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
-    # a distinct copy of the mean: ``values - mean`` is then not shared with the caller's ``x - mean``,
+    # a distinct copy of the mean: ``x - mean`` is then not shared with the caller's ``x - mean``,
     # which XLA would write to memory rather than recompute inside each of the two reductions
-    m2_dot = 2 * jnp.sum((values - _distinct(mean, tag=1)) * values_dot, axis=axes, keepdims=True)
+    deviation = x.astype(mean.dtype) - _distinct(mean, tag=1)
+    m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)
     return (mean, m2), (mean_dot, m2_dot)
 
 
@@ -368,15 +390,19 @@ def dispersion_moments(
     its error is a few float32 ulps of the mean, the resolution of the data at that magnitude anyway
     (the cancellation that needs care is the variance's, handled in :func:`local_moments`).
     """
-    moments = local_moments(x, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass)
+    dispersion_reads = 0 if p == 2 or mean_only else 1
+    moments_source, *dispersion_sources = _separate_reads(x, 1 + dispersion_reads)
+    moments = local_moments(
+        moments_source, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass
+    )
     moments = _group_combine(moments, groups)
     if axis_name is not None:
         moments = _gather_combine(moments, axis_name, axis_index_groups)
     if mean_only:
         return moments.mean, None
-    count, mean = moments.count, moments.mean
     if p == 2:
-        return mean, moments.m2 / jnp.maximum(count, 1)
+        return moments.mean, moments.m2 / jnp.maximum(moments.count, 1)
+    count, mean = moments.count, moments.mean
 
     def reduce(stat: jnp.ndarray, op, collective) -> jnp.ndarray:
         stat = _group_reduce(stat, groups, op)
@@ -385,18 +411,22 @@ def dispersion_moments(
     def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
         return reduce(stat, jnp.sum, lax.psum)
 
-    values = x.astype(mean.dtype)
+    widened = [source.astype(mean.dtype) for source in dispersion_sources]
     if topk is not None:
-        deviation = jnp.abs(values - _distinct(mean))
+        deviation = jnp.abs(widened[0] - _distinct(mean))
         dispersion = _topk_mean(deviation, axes, topk, mask, count, axis_name, axis_index_groups)
     elif p == 1:
-        total = _abs_deviation_sum(values, mean, mask, axes, reduce_sum)
+        total = _abs_deviation_sum(widened[0], mean, count, mask, axes, reduce_sum)
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
-        high = jnp.max(values if mask is None else jnp.where(mask, values, -jnp.inf), axes, keepdims=True)
-        low = jnp.min(values if mask is None else jnp.where(mask, values, jnp.inf), axes, keepdims=True)
+        high_source = low_source = widened[0]
+        if mask is not None:
+            high_source = jnp.where(mask, high_source, -jnp.inf)
+            low_source = jnp.where(mask, low_source, jnp.inf)
+        high = jnp.max(high_source, axes, keepdims=True)
+        low = jnp.min(low_source, axes, keepdims=True)
         high, low = lax.stop_gradient((reduce(high, jnp.max, lax.pmax), reduce(low, jnp.min, lax.pmin)))
-        dispersion = _max_deviation(values, mean, high, low, mask, axes, reduce_sum)
+        dispersion = _max_deviation(x.astype(mean.dtype), mean, high, low, mask, axes, reduce_sum)
     if p == "inf":
         if calibration == "exact":
             dispersion = dispersion / expected_topk_abs_normal(count, topk or 1).astype(dispersion.dtype)
@@ -405,14 +435,23 @@ def dispersion_moments(
     return mean, jnp.square(dispersion)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
 def _abs_deviation_sum(
-    values: jnp.ndarray, mean: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], reduce_sum
+    values: jnp.ndarray,
+    mean: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    reduce_sum,
 ) -> jnp.ndarray:
     """``sum |x - mean|`` over ``axes`` (masked; merged by ``reduce_sum`` over group channels and devices).
 
-    Custom JVP ``sum(sign(x - mean) dx) - dmean * sum(sign(x - mean))``: the second sum is its own
-    fused reduction, where autodiff writes a full-size temporary to reduce it.
+    ``count`` is the merged number of unmasked elements. Custom JVP ``sum(s (dx - dmean))`` with the
+    subgradient ``s = +1`` where ``x > mean`` and ``s = -1`` elsewhere, ties ``x == mean`` included
+    (any ``s`` in [-1, 1] is a subgradient of ``|.|`` at 0; ``s = sign(x - mean)`` would take 0). This
+    choice makes ``sum s = 2 #{x > mean} - count`` one count of a comparison, which XLA:CPU reduces at
+    about the speed of a plain sum, where a three-valued sign is written out first; where the deviation
+    is zero everywhere, every ``s - mean(s)`` is 0 either way.
     """
     deviation = jnp.abs(values - _distinct(mean))
     deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
@@ -421,21 +460,22 @@ def _abs_deviation_sum(
 
 @_abs_deviation_sum.defjvp
 def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
-    values, mean, mask = primals
+    values, mean, count, mask = primals
     values_dot, mean_dot = tangents[0], tangents[1]
 
-    def masked(signs: jnp.ndarray) -> jnp.ndarray:
-        return signs if mask is None else jnp.where(mask, signs, 0)
+    def above(centre: jnp.ndarray) -> jnp.ndarray:
+        is_above = values > centre
+        return is_above if mask is None else is_above & mask
 
-    total = _abs_deviation_sum(values, mean, mask, axes, reduce_sum)
-    balance = reduce_sum(jnp.sum(masked(_sign(values - _distinct(mean, tag=1))), axes, keepdims=True))
-    picked = reduce_sum(jnp.sum(masked(_sign(values - mean)) * values_dot, axes, keepdims=True))
+    total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
+    # counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype): the narrowest
+    # indicator that XLA:CPU's fast reductions accept
+    indicator = above(_distinct(mean, tag=1)).astype(jnp.bfloat16)
+    num_above = jnp.sum(indicator, axes, keepdims=True, dtype=values.dtype)
+    balance = 2 * reduce_sum(num_above) - count
+    signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
+    picked = reduce_sum(jnp.sum(signs * values_dot, axes, keepdims=True))
     return total, picked - mean_dot * balance
-
-
-def _sign(d: jnp.ndarray) -> jnp.ndarray:
-    """``jnp.sign(d)`` as two selects: XLA's CPU reductions run ``sign`` more than ten times slower."""
-    return jnp.where(d > 0, 1, jnp.where(d < 0, -1, 0)).astype(d.dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
@@ -638,7 +678,8 @@ def batch_stats(
       use_fast_variance: one pass over the data (stable shifted sums, the default) or two passes.
 
     Returns:
-      ``(mean, sigma_hat)``, each of the features' shape.
+      ``(mean, sigma_hat)``, each of the features' shape. Where ``sigma_hat`` is 0 (a constant feature)
+      its gradient is 0.
     """
     mean, var = batch_moments(
         x,
@@ -652,4 +693,17 @@ def batch_stats(
         virtual_batch_size=virtual_batch_size,
         use_fast_variance=use_fast_variance,
     )
-    return mean, jnp.sqrt(var)
+    return mean, _sqrt_zero_slope_at_zero(var)
+
+
+@jax.custom_jvp
+def _sqrt_zero_slope_at_zero(var: jnp.ndarray) -> jnp.ndarray:
+    """``sqrt(var)`` whose derivative is 0 where ``var == 0`` (a constant feature), not ``inf * 0 = NaN``."""
+    return jnp.sqrt(var)
+
+
+@_sqrt_zero_slope_at_zero.defjvp
+def _sqrt_zero_slope_at_zero_jvp(primals, tangents):
+    (var,), (var_dot,) = primals, tangents
+    sigma = jnp.sqrt(var)
+    return sigma, jnp.where(var > 0, var_dot / (2 * jnp.where(var > 0, sigma, 1)), 0)

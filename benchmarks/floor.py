@@ -1,0 +1,111 @@
+"""What a normalization's forward pass costs at the least on this backend, in copies of its input.
+
+Usage::
+
+    python benchmarks/floor.py [--shapes 128x32x32x64,64x16x16x256] [--dtypes float32,bfloat16]
+                               [--clock wall|cpu] [--repeats N]
+
+Issue 2 holds every forward pass to at most 2x a copy of the input (``benchmarks/norms.py``). This
+script times, in alternation with that copy (``x + zero``, one read and one write), the parts that any
+normalization's forward is made of, written as plainly as XLA takes them:
+
+- ``output``: the output pass alone, ``(x - a) * b + c`` with per-channel ``a, b, c`` computed in
+  float32 and cast back to the input's dtype (one read, one write, no statistics);
+- ``sum``: one per-channel reduction, ``sum x`` over N, H, W in float32 (one read);
+- ``sums``: the two reductions of a batch norm, ``sum x`` and ``sum x^2``;
+- ``floor``: ``sums`` then ``output`` in one function: a batch norm with nothing but the necessary work,
+  the cheapest forward that computes statistics and normalizes with them.
+
+If ``output`` or ``floor`` is above 2x the copy, the copy target is out of reach for every normalization
+on that backend and dtype, whatever its implementation. ``--clock`` and the malloc settings are those of
+``benchmarks/norms.py`` (``docs/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+from norms import DTYPES, MALLOC_REUSE, SHAPES, _parse_dtypes, _parse_shapes, _shape_text
+
+REPEATS = 15
+AXES = (0, 1, 2)
+
+
+def _copy(x, zero):
+    return x + zero
+
+
+def _output(x, shift, scale, bias):
+    return ((x.astype(jnp.float32) - shift) * scale + bias).astype(x.dtype)
+
+
+def _sum(x):
+    return jnp.sum(x.astype(jnp.float32), AXES)
+
+
+def _sums(x):
+    values = x.astype(jnp.float32)
+    return jnp.sum(values, AXES), jnp.sum(values * values, AXES)
+
+
+def _floor(x, scale, bias):
+    total, total_sq = _sums(x)
+    n = math.prod(x.shape[a] for a in AXES)
+    mean = total / n
+    inv = jax.lax.rsqrt(jnp.maximum(total_sq / n - mean * mean, 0) + 1e-5)
+    return _output(x, mean, inv * scale, bias)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=_parse_shapes, default=SHAPES,
+                        help="comma-separated NxHxWxC input shapes (default: 128x32x32x64,64x16x16x256)")
+    parser.add_argument("--dtypes", type=_parse_dtypes, default=DTYPES,
+                        help="comma-separated input dtypes (default: float32,bfloat16)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="wall (default) or cpu: process CPU time, pinned to one core (see norms.py)")
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help=f"samples per candidate (default {REPEATS})")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if any(os.environ.get(k) != v for k, v in MALLOC_REUSE.items()):
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv],
+                  {**os.environ, **MALLOC_REUSE})
+    if args.clock == "cpu":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    timing_kw = {"repeats": args.repeats, "warmup": 2, "min_sample_seconds": 0.01,
+                 "clock": CLOCKS[args.clock]}
+    for line in machine_lines([f"timing: {args.clock} clock; {args.repeats} interleaved repeats"]):
+        print(line)
+    print()
+    names = ("output", "sum", "sums", "floor")
+    print("| shape | dtype | copy ms | " + " | ".join(f"{n}/copy" for n in names) + " | noise |")
+    print("|---|---|---|" + "---|" * len(names) + "---|")
+    copy, output, total, totals, floor = map(jax.jit, (_copy, _output, _sum, _sums, _floor))
+    for shape in args.shapes:
+        for dtype in args.dtypes:
+            x = (1.0 + 2.0 * jax.random.normal(jax.random.key(math.prod(shape)), shape)).astype(dtype)
+            channel = jnp.linspace(0.5, 1.5, shape[-1], dtype=jnp.float32)
+            zero = jnp.zeros((), x.dtype)
+            t = time_interleaved({
+                "copy": lambda x=x, zero=zero: copy(x, zero),
+                "output": lambda x=x, c=channel: output(x, c, c, c),
+                "sum": lambda x=x: total(x),
+                "sums": lambda x=x: totals(x),
+                "floor": lambda x=x, c=channel: floor(x, c, c),
+            }, **timing_kw)
+            ratios = " | ".join(f"{paired_ratio(t[n], t['copy']):.2f}" for n in names)
+            noise = max(v.spread for v in t.values())
+            copy_ms = t["copy"].median * 1e3
+            print(f"| {_shape_text(shape)} | {dtype} | {copy_ms:.2f} | {ratios} | ±{noise:.0%} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
