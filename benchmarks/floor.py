@@ -14,7 +14,10 @@ normalization's forward is made of, written as plainly as XLA takes them:
 - ``sum``: one per-channel reduction, ``sum x`` over N, H, W in float32 (one read);
 - ``sums``: the two reductions of a batch norm, ``sum x`` and ``sum x^2``;
 - ``floor``: ``sums`` then ``output`` in one function: a batch norm with nothing but the necessary work,
-  the cheapest forward that computes statistics and normalizes with them.
+  the cheapest forward that computes statistics and normalizes with them;
+- ``floor_separate``: the same, each of the three passes reading its own alias of ``x`` (an
+  optimization barrier), so that XLA widens a low-precision ``x`` inside each pass instead of writing one
+  shared float32 widening to memory (jaxnorm's statistics do this; identical to ``floor`` in float32).
 
 If ``output`` or ``floor`` is above 2x the copy, the copy target is out of reach for every normalization
 on that backend and dtype, whatever its implementation. ``--clock`` and the malloc settings are those of
@@ -62,6 +65,17 @@ def _floor(x, scale, bias):
     return _output(x, mean, inv * scale, bias)
 
 
+def _floor_separate(x, scale, bias):
+    if x.dtype == jnp.float32:
+        return _floor(x, scale, bias)
+    for_sum, for_squares, for_output = jax.lax.optimization_barrier((x, x, x))
+    n = math.prod(x.shape[a] for a in AXES)
+    mean = _sum(for_sum) / n
+    squares = jnp.sum(jnp.square(for_squares.astype(jnp.float32)), AXES)
+    inv = jax.lax.rsqrt(jnp.maximum(squares / n - mean * mean, 0) + 1e-5)
+    return _output(for_output, mean, inv * scale, bias)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=_parse_shapes, default=SHAPES,
@@ -84,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in machine_lines([f"timing: {args.clock} clock; {args.repeats} interleaved repeats"]):
         print(line)
     print()
-    names = ("output", "sum", "sums", "floor")
+    names = ("output", "sum", "sums", "floor", "floor_separate")
     print("| shape | dtype | copy ms | " + " | ".join(f"{n}/copy" for n in names) + " | noise |")
     print("|---|---|---|" + "---|" * len(names) + "---|")
-    copy, output, total, totals, floor = map(jax.jit, (_copy, _output, _sum, _sums, _floor))
+    copy, output, total, totals, floor, floor_separate = map(
+        jax.jit, (_copy, _output, _sum, _sums, _floor, _floor_separate)
+    )
     for shape in args.shapes:
         for dtype in args.dtypes:
             x = (1.0 + 2.0 * jax.random.normal(jax.random.key(math.prod(shape)), shape)).astype(dtype)
@@ -99,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sum": lambda x=x: total(x),
                 "sums": lambda x=x: totals(x),
                 "floor": lambda x=x, c=channel: floor(x, c, c),
+                "floor_separate": lambda x=x, c=channel: floor_separate(x, c, c),
             }, **timing_kw)
             ratios = " | ".join(f"{paired_ratio(t[n], t['copy']):.2f}" for n in names)
             noise = max(v.spread for v in t.values())
