@@ -679,7 +679,8 @@ def batch_stats(
 
     Returns:
       ``(mean, sigma_hat)``, each of the features' shape. Where ``sigma_hat`` is 0 (a constant feature)
-      its gradient is 0.
+      its gradient is 0. For ``p=1`` the gradient of ``|x - mu|`` takes the subgradient +1 above the mean
+      and -1 at or below it (ties with the mean are the only elements where it differs from ``sign``).
     """
     mean, var = batch_moments(
         x,
