@@ -142,7 +142,7 @@ def _separate_reads(x: jnp.ndarray, num: int) -> tuple[jnp.ndarray, ...]:
     reduction (``benchmarks/floor.py``). The copies are aliases (an optimization barrier), not data
     copies. For float32 and wider ``x`` there is nothing to widen: ``x`` itself, ``num`` times.
     """
-    if num == 1 or x.dtype == stats_dtype(x):
+    if x.dtype == stats_dtype(x):
         return (x,) * num
     return lax.optimization_barrier((x,) * num)
 
@@ -390,8 +390,9 @@ def dispersion_moments(
     its error is a few float32 ulps of the mean, the resolution of the data at that magnitude anyway
     (the cancellation that needs care is the variance's, handled in :func:`local_moments`).
     """
-    dispersion_reads = 0 if p == 2 or mean_only else 1
-    moments_source, *dispersion_sources = _separate_reads(x, 1 + dispersion_reads)
+    # the deviations (L1, L-inf, top-k) read x once more, after the mean
+    with_deviations = p != 2 and not mean_only
+    moments_source, deviation_source = _separate_reads(x, 2) if with_deviations else (x, x)
     moments = local_moments(
         moments_source, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass
     )
@@ -411,15 +412,15 @@ def dispersion_moments(
     def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
         return reduce(stat, jnp.sum, lax.psum)
 
-    widened = [source.astype(mean.dtype) for source in dispersion_sources]
+    values = deviation_source.astype(mean.dtype)
     if topk is not None:
-        deviation = jnp.abs(widened[0] - _distinct(mean))
+        deviation = jnp.abs(values - _distinct(mean))
         dispersion = _topk_mean(deviation, axes, topk, mask, count, axis_name, axis_index_groups)
     elif p == 1:
-        total = _abs_deviation_sum(widened[0], mean, count, mask, axes, reduce_sum)
+        total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
-        high_source = low_source = widened[0]
+        high_source = low_source = values
         if mask is not None:
             high_source = jnp.where(mask, high_source, -jnp.inf)
             low_source = jnp.where(mask, low_source, jnp.inf)
