@@ -65,6 +65,28 @@ def optimizer_sweep(optimizer, variants) -> tuple[dict, ...]:
     return tuple(blocks)
 
 
+def set_effective_lr_sweep(config, variants, weight_decay: float) -> None:
+    """The optimizer of the six runs (SGD momentum 0.9, lr 0.1 divided by 10 at 1/3 and 2/3 of training,
+    ``weight_decay`` on every kernel, the variants' wrappers) and the sweep over ``variants``, in order."""
+    config.optimizer.update(
+        {
+            "name": "momentum",
+            "learning_rate": 0.1,
+            "momentum": 0.9,
+            "schedule": "step",
+            "boundaries": (1 / 3, 2 / 3),
+            "decay_factor": 0.1,
+            "weight_decay": weight_decay,
+            "weight_decay_mask": "kernels",
+            "wrappers": (),
+            "wrapper_kwargs": {},
+        }
+    )
+    config.sweep.key = "optimizer"
+    config.sweep.grid = optimizer_sweep(config.optimizer, variants)
+    config.sweep.names = tuple(variants)
+
+
 def get_config():
     config = experiment_defaults()
     config.description = __doc__.splitlines()[0]
@@ -78,21 +100,5 @@ def get_config():
     config.num_epochs = 60.0
     config.log_every = 100
     config.checkpoint_every = 2000
-    config.optimizer.update(
-        {
-            "name": "momentum",
-            "learning_rate": 0.1,
-            "momentum": 0.9,
-            "schedule": "step",
-            "boundaries": (1 / 3, 2 / 3),
-            "decay_factor": 0.1,
-            "weight_decay": WEIGHT_DECAY,
-            "weight_decay_mask": "kernels",
-            "wrappers": (),
-            "wrapper_kwargs": {},
-        }
-    )
-    config.sweep.key = "optimizer"
-    config.sweep.grid = optimizer_sweep(config.optimizer, VARIANTS)
-    config.sweep.names = tuple(VARIANTS)
+    set_effective_lr_sweep(config, VARIANTS, WEIGHT_DECAY)
     return config

@@ -11,7 +11,7 @@ classifier in every run and on the hidden kernels in ``wd``. Norms recorded ever
 """
 
 from experiments.configs.cifar10_vgg11_norm_matters import VARIANTS as _CIFAR_VARIANTS
-from experiments.configs.cifar10_vgg11_norm_matters import optimizer_sweep
+from experiments.configs.cifar10_vgg11_norm_matters import set_effective_lr_sweep
 from jaxnorm.train.experiment import experiment_defaults
 
 SEEDS = (0, 1, 2)
@@ -38,21 +38,5 @@ def get_config():
     config.num_epochs = 3.0
     config.log_every = 50
     config.checkpoint_every = 0
-    config.optimizer.update(
-        {
-            "name": "momentum",
-            "learning_rate": 0.1,
-            "momentum": 0.9,
-            "schedule": "step",
-            "boundaries": (1 / 3, 2 / 3),
-            "decay_factor": 0.1,
-            "weight_decay": 5e-3,
-            "weight_decay_mask": "kernels",
-            "wrappers": (),
-            "wrapper_kwargs": {},
-        }
-    )
-    config.sweep.key = "optimizer"
-    config.sweep.grid = optimizer_sweep(config.optimizer, VARIANTS)
-    config.sweep.names = tuple(VARIANTS)
+    set_effective_lr_sweep(config, VARIANTS, 5e-3)
     return config
