@@ -412,22 +412,22 @@ def dispersion_moments(
     def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
         return reduce(stat, jnp.sum, lax.psum)
 
-    values = deviation_source.astype(mean.dtype)
     if topk is not None:
-        deviation = jnp.abs(values - _distinct(mean))
+        deviation = jnp.abs(deviation_source.astype(mean.dtype) - _distinct(mean))
         dispersion = _topk_mean(deviation, axes, topk, mask, count, axis_name, axis_index_groups)
     elif p == 1:
-        total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
+        total = _abs_deviation_sum(deviation_source.astype(mean.dtype), mean, count, mask, axes, reduce_sum)
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
-        high_source = low_source = values
+        # max and min are exact in the input dtype: no widening (for bf16, none written to memory)
+        high_source = low_source = deviation_source
         if mask is not None:
             high_source = jnp.where(mask, high_source, -jnp.inf)
             low_source = jnp.where(mask, low_source, jnp.inf)
-        high = jnp.max(high_source, axes, keepdims=True)
-        low = jnp.min(low_source, axes, keepdims=True)
+        high = jnp.max(high_source, axes, keepdims=True).astype(mean.dtype)
+        low = jnp.min(low_source, axes, keepdims=True).astype(mean.dtype)
         high, low = lax.stop_gradient((reduce(high, jnp.max, lax.pmax), reduce(low, jnp.min, lax.pmin)))
-        dispersion = _max_deviation(x.astype(mean.dtype), mean, high, low, mask, axes, reduce_sum)
+        dispersion = _max_deviation(x, mean, high, low, mask, axes, reduce_sum)
     if p == "inf":
         if calibration == "exact":
             dispersion = dispersion / expected_topk_abs_normal(count, topk or 1).astype(dispersion.dtype)
@@ -494,7 +494,9 @@ def _max_deviation(
     Its derivative (custom JVP) goes to the elements equal to the extreme on the far side of the mean,
     shared equally among ties, minus the mean's: one fused counting pass, where ``jnp.max``'s own rule
     writes a full-size indicator for each of the two extremes. Zero where the dispersion is zero.
-    ``reduce_sum`` merges a per-channel sum over the channels of a group and the devices.
+    ``values`` is ``x`` in its own dtype (``high`` and ``low`` are among its elements, so the tie
+    comparison is exact there too). ``reduce_sum`` merges a per-channel sum over the channels of a
+    group and the devices.
     """
     del values, mask, axes, reduce_sum
     return jnp.maximum(jnp.maximum(high - mean, mean - low), 0)
@@ -509,13 +511,16 @@ def _max_deviation_jvp(axes, reduce_sum, primals, tangents):
     extreme = jnp.where(upper, high, low)
 
     def hits(extreme: jnp.ndarray) -> jnp.ndarray:
-        hit = values == extreme
+        hit = values == extreme.astype(values.dtype)  # exact: the extremes are elements of ``values``
         return hit if mask is None else hit & mask
 
-    # the count compares against a distinct copy of the extreme, so XLA fuses it into its reduction
-    count = reduce_sum(jnp.sum(hits(_distinct(extreme)), axes, keepdims=True, dtype=values.dtype))
-    picked = reduce_sum(jnp.sum(jnp.where(hits(extreme), values_dot, 0), axes, keepdims=True))
-    slope = jnp.where(upper, 1, -1).astype(values.dtype) * (picked / jnp.maximum(count, 1) - mean_dot)
+    # the count compares against a distinct copy of the extreme, so XLA fuses it into its reduction,
+    # and is counted through bfloat16 (0 and 1 exactly), the narrowest indicator XLA:CPU reduces fast
+    indicator = hits(_distinct(extreme)).astype(jnp.bfloat16)
+    count = reduce_sum(jnp.sum(indicator, axes, keepdims=True, dtype=mean.dtype))
+    picked_dot = jnp.where(hits(extreme), values_dot, 0)
+    picked = reduce_sum(jnp.sum(picked_dot, axes, keepdims=True, dtype=mean.dtype))
+    slope = jnp.where(upper, 1, -1).astype(mean.dtype) * (picked / jnp.maximum(count, 1) - mean_dot)
     return dispersion, jnp.where(dispersion > 0, slope, 0)
 
 
