@@ -229,13 +229,16 @@ def rms_norm_layer(
 ) -> jnp.ndarray:
     """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
-    out_dtype = _output_dtype(dtype, x, scale)
+    compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
+    if scale is not None:
+        compute_dtype = jnp.promote_types(compute_dtype, scale.dtype)
     y = rms_norm(
-        x.astype(jnp.promote_types(x.dtype, jnp.float32)),
+        x.astype(compute_dtype),
         axis=reduction_axes,
         epsilon=epsilon,
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
         mask=mask,
+        scale=_expand(scale, shape),
     )
-    return normalize(y, jnp.zeros((), y.dtype), None, scale=_expand(scale, shape), dtype=out_dtype)
+    return y.astype(_output_dtype(dtype, x, scale))
