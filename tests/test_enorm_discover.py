@@ -114,6 +114,20 @@ def test_final_bn_leaves_classifier_out():
     assert any(p == ("Dense_3", "kernel") for p, _, _ in spec.left_out)
 
 
+def test_units_reaching_the_output_are_left_out_with_the_output_named():
+    """The classifier's units reach the output (no consumer can compensate them); when the function
+    returns a pytree, the reason names the leaf they reach."""
+    model = models.MLP()
+    variables, x = models.init(model, (3, 3))
+    reasons = {tuple(p): r for p, _, r in discover(model.apply, variables, x).left_out}
+    assert reasons[("Dense_3", "kernel")] == "the scaled units reach the function output without a consumer"
+    spec = discover(lambda v, x: {"aux": jnp.sum(x), "logits": model.apply(v, x)}, variables, x)
+    reasons = {tuple(p): r for p, _, r in spec.left_out}
+    assert reasons[("Dense_3", "kernel")] == (
+        "the scaled units reach the function output ['logits'] without a consumer"
+    )
+
+
 def test_concat_and_groups():
     _, _, _, spec = build("concat", jnp.float32)
     by_producer = {j.producers[0][0][0]: j for j in spec}

@@ -71,6 +71,7 @@ class _Graph(NamedTuple):
     param_in: dict[int, int]  # var -> params leaf index
     other_in: set[int]
     outs: list[Any]
+    out_names: list[str]  # the path of each output leaf in the function's result ('' for a lone array)
     zero: set[int]  # vars known to be all zeros
     pos: dict[int, tuple[int, np.ndarray]]  # var -> (leaf, flat leaf position of each element)
     uses: dict[int, set[int]]  # leaf -> eqns (other than layout ops) reading a view of it
@@ -181,7 +182,8 @@ def _build_graph(fn: Callable, params: PyTree, rest: tuple) -> tuple[_Graph, lis
         args, kwargs = jax.tree_util.tree_unflatten(r_def, rl)
         return fn(jax.tree_util.tree_unflatten(p_def, pl), *args, **kwargs)
 
-    closed = jax.make_jaxpr(flat_fn)(p_leaves, r_leaves)
+    closed, out_tree = jax.make_jaxpr(flat_fn, return_shape=True)(p_leaves, r_leaves)
+    out_names = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(out_tree)[0]]
     eqns, shapes, invars, outs = _flatten_jaxpr(closed)
     param_in = {v: i for i, v in enumerate(invars[: len(p_leaves)])}
     producer = {o: k for k, e in enumerate(eqns) for o in e.outs}
@@ -209,8 +211,8 @@ def _build_graph(fn: Callable, params: PyTree, rest: tuple) -> tuple[_Graph, lis
             for x in e.ins:
                 if _in(x, pos):
                     uses[pos[x][0]].add(k)
-    graph = _Graph(eqns, shapes, producer, param_in, set(invars[len(p_leaves):]), outs, zero, pos,
-                   uses)
+    graph = _Graph(eqns, shapes, producer, param_in, set(invars[len(p_leaves):]), outs, out_names, zero,
+                   pos, uses)
     return graph, p_leaves, p_def
 
 
@@ -286,12 +288,13 @@ class _Interp:
             for o, v in zip(e.outs, outs, strict=True):
                 if v is not None:
                     self.val[o] = v
-        for o in self.g.outs:
+        for o, name in zip(self.g.outs, self.g.out_names, strict=True):
             v = self.read(o)
             if isinstance(v, _Broken):
                 raise _Fail(v.reason)
             if isinstance(v, _Scaled) and v.power != 0 and np.any(v.ids >= 0):
-                raise _Fail("the scaled units reach the function output without a consumer")
+                where = f"the function output {name}" if name else "the function output"
+                raise _Fail(f"the scaled units reach {where} without a consumer")
         for leaf, eqns in self.consumed.items():
             if self.g.uses[leaf] - eqns:
                 raise _Fail("a consumer parameter is also used where the units do not flow")
