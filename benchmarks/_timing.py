@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -129,8 +130,26 @@ def machine_lines(extra: Sequence[str] = ()) -> list[str]:
         + ("" if load is None else f", load average {load[0]:.1f}"),
         f"software: python {platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}",
         f"device: {device.platform} ({device.device_kind}), {jax.device_count()} device(s)",
+        _jaxnorm_line(),
     ]
     return lines + list(extra)
+
+
+def _jaxnorm_line() -> str:
+    """Which jaxnorm is timed: the directory it is imported from and, in a git checkout, its commit
+    (``+`` when modified). The scripts import the installed package, and an editable install follows the
+    last checkout that ran ``pip install -e .``, not necessarily the one the script lives in."""
+    import jaxnorm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(jaxnorm.__file__)))
+    try:
+        commit = subprocess.run(
+            ["git", "-C", root, "describe", "--always", "--dirty=+"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "not a git checkout"
+    return f"jaxnorm: {root} ({commit})"
 
 
 def _cpu_model() -> str:
