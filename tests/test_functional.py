@@ -73,6 +73,22 @@ def test_topk_over_many_rows_with_ties_matches_oracle(x64, k, masked):
     np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=1e-12)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
+    """The two-stage top-k computes deviations of the k best blocks only; its gradient (to ``x``
+    through the gathered candidates and the mean) equals that of one ``top_k`` over every deviation."""
+    from jaxnorm.functional import stats
+
+    x = jnp.asarray(_normal((16, 8, 8, 3), seed=37, scale=2.0))
+    mask = None if not masked else jnp.asarray(np.random.default_rng(38).random(x.shape) < 0.7)
+    ct = jnp.asarray(_normal((16, 8, 8, 3), seed=39))
+    loss = lambda x: jnp.sum(F.batch_norm(x, p="inf", topk=10, mask=mask) * ct)
+    two_stage = jax.grad(loss)(x)
+    monkeypatch.setattr(stats, "_TOPK_BLOCK", 1)  # blocks of one row: one top_k over every deviation
+    one_stage = jax.grad(loss)(x)
+    np.testing.assert_allclose(two_stage, one_stage, rtol=1e-10, atol=1e-12)
+
+
 def test_masked_topk_with_fewer_elements_than_k(x64):
     x = _normal((12, 2), seed=5)
     mask = np.zeros((12, 2), bool)
