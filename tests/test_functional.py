@@ -89,6 +89,24 @@ def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
     np.testing.assert_allclose(two_stage, one_stage, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize(("shape", "axes"), [
+    ((16, 4, 4, 8), (0, 1, 2)),  # 256 rows of 8 features: a (4, 512) view
+    ((6, 5, 64), (0, 1)),  # 30 rows: 6 of them side by side
+    ((7, 3), (0,)),  # 7 rows, a prime: the plain reduction
+    ((4, 300), (0,)),  # wide enough already
+    ((4, 5, 6), (1, 2)),  # not the leading axes
+])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_extreme_through_a_wider_view_is_the_plain_max_and_min(shape, axes, dtype):
+    from jaxnorm.functional.stats import _extreme
+
+    x = jnp.asarray(_normal(shape, seed=41), dtype)
+    for op in (jnp.max, jnp.min):
+        got = _extreme(x, axes, op)
+        assert got.shape == op(x, axes, keepdims=True).shape
+        np.testing.assert_array_equal(got, op(x, axes, keepdims=True))
+
+
 def test_masked_topk_with_fewer_elements_than_k(x64):
     x = _normal((12, 2), seed=5)
     mask = np.zeros((12, 2), bool)
