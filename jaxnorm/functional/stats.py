@@ -549,8 +549,20 @@ def _max_deviation_jvp(axes, reduce_sum, primals, tangents):
     return dispersion, jnp.where(dispersion > 0, slope, 0)
 
 
-def _topk_mean(values, mean, axes, k, mask, count, axis_name, axis_index_groups):
-    """Mean of the k largest ``|x - mean|`` over ``axes`` (keepdims); exact across devices."""
+def _topk_mean(
+    values: jnp.ndarray,
+    mean: jnp.ndarray,
+    axes: tuple[int, ...],
+    k: int,
+    mask: jnp.ndarray | None,
+    count: jnp.ndarray,
+    axis_name: str | Sequence[str] | None,
+    axis_index_groups: AxisIndexGroups,
+) -> jnp.ndarray:
+    """Mean of the k largest ``|values - mean|`` over ``axes`` (keepdims); exact across devices.
+
+    ``values`` is ``x`` in its own dtype, ``mean`` its (merged) mean, keepdims, in the statistics dtype.
+    """
     kept = tuple(a for a in range(values.ndim) if a not in axes)
     kept_shape = tuple(values.shape[a] for a in kept)
 
