@@ -112,3 +112,25 @@ def test_short_real_run_reaches_stated_accuracy(tmp_path):
     ]
     result = experiment.run(cli.load_config("fmnist_norms", overrides), str(tmp_path))
     assert result.summary["eval_accuracy"] > 0.75
+
+
+def test_pmap_model_twin_has_per_device_statistics():
+    """Under pmap the runner builds the model with the BN axis_name, and a twin without it for the
+    scale-invariance tracer: same parameters, and the twin runs outside pmap."""
+    import jax
+    import jax.numpy as jnp
+    import ml_collections
+
+    from jaxnorm.train import DataParallel
+
+    config = ml_collections.ConfigDict({"model": {"name": "mlp", "norm": "bn", "kwargs": {}}})
+    parallel = DataParallel("pmap")
+    x = jnp.ones((4, 28, 28, 1))
+    model = experiment.build_model(config, 10, parallel)
+    twin = experiment.build_model(config, 10, parallel, cross_device=False)
+    variables = twin.init(jax.random.PRNGKey(0), x, train=False)
+    model_variables = model.init(jax.random.PRNGKey(0), x, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(model_variables)
+    twin.apply(variables, x, train=True, mutable=["batch_stats"])
+    with pytest.raises(NameError, match="batch"):  # unbound axis name outside pmap
+        model.apply(variables, x, train=True, mutable=["batch_stats"])

@@ -137,10 +137,12 @@ def test_bad_parallel_mode_lists_choices():
 class BNNet(nn.Module):
     """Conv -> BN -> ReLU -> pool -> Dense, no biases: the conv's units are scale invariant."""
 
+    axis_name: str | None = None
+
     @nn.compact
     def __call__(self, x, train):
         x = nn.Conv(8, (3, 3), use_bias=False)(x)
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=self.axis_name)(x)
         x = nn.relu(x).mean((1, 2))
         return nn.Dense(3, use_bias=False)(x)
 
@@ -217,6 +219,21 @@ def test_norm_schedule_wrappers_hold_and_grow_the_scale_invariant_norms():
     assert not np.allclose(norms["trade"][1], norms["trade"][1][0])  # the classifier is not projected
 
 
+def test_scale_invariant_wrapper_under_pmap_traces_the_per_device_twin():
+    """Under pmap the BN merges moments across devices, which the invariance tracer cannot follow;
+    the loop traces ``invariance_model`` instead and norm_schedule holds the conv's units at rho."""
+    from jaxnorm.train import DataParallel
+
+    base = {**CONFIG, "num_steps": 4, "checkpoint_every": 0, "plots": False, "eval_every": 0}
+    optimizer = {"name": "sgd", "learning_rate": 0.2, "wrappers": ("norm_schedule",),
+                 "wrapper_kwargs": {"norm_schedule": {"rho": 2.0}}}
+    train_src, _ = _sources()
+    result = train({**base, "optimizer": optimizer}, model=BNNet(axis_name="batch"), train_data=train_src,
+                   parallel=DataParallel("pmap"), invariance_model=BNNet())
+    conv = np.asarray(result.state.params["Conv_0"]["kernel"]).reshape(-1, 8)
+    np.testing.assert_allclose(np.linalg.norm(conv, axis=0), 2.0, rtol=1e-5)
+
+
 def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
     """The loop's mask for the Norm-matters wrappers: the conv of a BN net; a clear error under pmap
     and for a net without BN, rather than a mask that silently selects no kernel."""
@@ -229,8 +246,9 @@ def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
         "BatchNorm_0": {"scale": False, "bias": False},
     }
     assert _scale_invariant_mask(BNNet(), images, None) == expected
-    with pytest.raises(ValueError, match="need parallel='jit'"):
-        _scale_invariant_mask(BNNet(), images, "batch")
+    with pytest.raises(ValueError, match=r"under parallel='pmap' need train\(\.\.\., invariance_model="):
+        _scale_invariant_mask(BNNet(axis_name="batch"), images, "batch")
+    assert _scale_invariant_mask(BNNet(axis_name="batch"), images, "batch", BNNet()) == expected
 
     class NoBN(nn.Module):
         @nn.compact

@@ -122,12 +122,15 @@ def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-def build_model(config: Mapping[str, Any], num_classes: int, parallel: DataParallel):
-    """``jaxnorm.models.create`` from ``config.model`` (``axis_name`` added under pmap)."""
+def build_model(
+    config: Mapping[str, Any], num_classes: int, parallel: DataParallel, *, cross_device: bool = True
+):
+    """``jaxnorm.models.create`` from ``config.model`` (``axis_name`` added under pmap, unless
+    ``cross_device`` is False: the same network with per-device statistics)."""
     from jaxnorm import models
 
     kwargs = dict(config.model.get("kwargs", {}) or {})
-    if parallel.axis_name is not None:
+    if parallel.axis_name is not None and cross_device:
         kwargs["axis_name"] = parallel.axis_name
     try:
         return models.create(config.model.name, num_classes=num_classes, norm=config.model.norm, **kwargs)
@@ -184,7 +187,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:
 
     parallel = DataParallel(config.parallel)
     train_data, eval_data = build_data(config)
-    model = build_model(config, data.info(config.dataset.name).num_classes, parallel)
+    num_classes = data.info(config.dataset.name).num_classes
+    model = build_model(config, num_classes, parallel)
+    invariance_model = None
+    if parallel.axis_name is not None:  # the scale-invariance tracer cannot follow cross-device BN
+        invariance_model = build_model(config, num_classes, parallel, cross_device=False)
     return train(
         config,
         model=model,
@@ -192,6 +199,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:
         eval_data=eval_data,
         workdir=workdir,
         parallel=parallel,
+        invariance_model=invariance_model,
     )
 
 

@@ -153,19 +153,25 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
 
 
-def _scale_invariant_mask(model: Any, images: jax.Array, axis_name: str | None) -> PyTree:
+def _scale_invariant_mask(
+    model: Any, images: jax.Array, axis_name: str | None, invariance_model: Any = None
+) -> PyTree:
     """The model's scale-invariant kernels (their units feed a BatchNorm), traced in training mode
     on a batch of ``images`` (only the shapes are used: a full batch satisfies the statistics'
-    size checks, e.g. top-k's k)."""
+    size checks, e.g. top-k's k). Under pmap (``axis_name`` set) the trace runs on
+    ``invariance_model``, the same network with per-device statistics."""
     from jaxnorm.optim import scale_invariant_mask
 
     if axis_name is not None:
-        raise ValueError(
-            "optimizer wrappers with mask 'scale_invariant' need parallel='jit': under pmap the BN layers "
-            "merge their moments across devices in one stacked collective, which the tracer of "
-            "jaxnorm.optim.scale_invariant_mask cannot follow; use parallel='jit' (sharded, the main path) "
-            "or mask 'kernels'"
-        )
+        if invariance_model is None:
+            raise ValueError(
+                "optimizer wrappers with mask 'scale_invariant' under parallel='pmap' need "
+                "train(..., invariance_model=...), the same network without the BN axis_name: the BN "
+                "layers merge their moments across devices in one stacked collective, which the tracer "
+                "of jaxnorm.optim.scale_invariant_mask cannot follow (the experiment runner "
+                "passes it); or use parallel='jit' (sharded, the main path) or mask 'kernels'"
+            )
+        model = invariance_model
     variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
     mask = scale_invariant_mask(
         lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
@@ -197,6 +203,7 @@ def train(
     eval_data: BatchSource | None = None,
     workdir: str | None = None,
     parallel: DataParallel | None = None,
+    invariance_model: Any = None,
 ) -> RunResult:
     """Trains ``model`` (a flax linen module) on ``train_data`` as ``config`` says.
 
@@ -208,6 +215,9 @@ def train(
       workdir: where ``metrics.jsonl``, ``checkpoints/`` and the plots go; ``None`` keeps nothing on
         disk (no checkpoints, no plots).
       parallel: a :class:`DataParallel`; default one built from ``config.parallel``.
+      invariance_model: under ``parallel="pmap"`` with an optimizer wrapper masked ``"scale_invariant"``,
+        ``model`` without cross-device statistics (BN ``axis_name=None``; the same parameters), on
+        which the mask is traced. Unused otherwise.
 
     Returns:
       A :class:`RunResult`. If ``workdir`` holds checkpoints the run resumes from the newest one.
@@ -230,7 +240,7 @@ def train(
         with_enorm_spec(cfg.optimizer, model, sample),
         steps,
         scale_invariant_mask=(
-            _scale_invariant_mask(model, first_images, parallel.axis_name)
+            _scale_invariant_mask(model, first_images, parallel.axis_name, invariance_model)
             if needs_scale_invariant_mask(cfg.optimizer)
             else None
         ),
