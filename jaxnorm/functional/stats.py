@@ -419,12 +419,8 @@ def dispersion_moments(
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
         # max and min are exact in the input dtype: no widening (for bf16, none written to memory)
-        high_source = low_source = deviation_source
-        if mask is not None:
-            high_source = jnp.where(mask, high_source, -jnp.inf)
-            low_source = jnp.where(mask, low_source, jnp.inf)
-        high = _extreme(high_source, axes, jnp.max).astype(mean.dtype)
-        low = _extreme(low_source, axes, jnp.min).astype(mean.dtype)
+        extreme = lambda a, op: _extreme(a, axes, op).astype(mean.dtype)
+        high, low = _masked_extremes(deviation_source, mask, extreme)
         high, low = lax.stop_gradient((reduce(high, jnp.max, lax.pmax), reduce(low, jnp.min, lax.pmin)))
         dispersion = _max_deviation(x, mean, high, low, mask, axes, reduce_sum)
     if p == "inf":
@@ -433,6 +429,22 @@ def dispersion_moments(
         else:
             dispersion = dispersion * linf_constant(count).astype(dispersion.dtype)
     return mean, jnp.square(dispersion)
+
+
+def _masked_extremes(
+    values: jnp.ndarray, mask: jnp.ndarray | None, extreme
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``extreme(values, jnp.max)`` and ``extreme(values, jnp.min)`` over the elements where ``mask`` is
+    True (the others take -inf for the max and +inf for the min)."""
+    if mask is None:
+        return extreme(values, jnp.max), extreme(values, jnp.min)
+    high = extreme(jnp.where(mask, values, -jnp.inf), jnp.max)
+    return high, extreme(jnp.where(mask, values, jnp.inf), jnp.min)
+
+
+def _largest_divisor(n: int, bound: int) -> int:
+    """The largest divisor of ``n`` that is at most ``bound`` (1 if ``bound < 1``)."""
+    return next((d for d in range(bound, 1, -1) if n % d == 0), 1)
 
 
 _WIDE_ROW = 512
@@ -453,7 +465,7 @@ def _extreme(values: jnp.ndarray, axes: tuple[int, ...], op) -> jnp.ndarray:
     rows = values.size // features
     width = 1
     if axes == tuple(range(len(axes))) and features < _WIDE_ROW // 2 and values.dtype.itemsize >= 4:
-        width = next((w for w in range(_WIDE_ROW // features, 1, -1) if rows % w == 0), 1)
+        width = _largest_divisor(rows, _WIDE_ROW // features)
     if width == 1:
         return op(values, axes, keepdims=True)
     partial = op(values.reshape(rows // width, width * features), axis=0)
@@ -599,7 +611,7 @@ def _largest_deviations(
     values returned.
     """
     rows = columns.shape[0]
-    size = max(b for b in range(1, _TOPK_BLOCK + 1) if rows % b == 0)
+    size = _largest_divisor(rows, _TOPK_BLOCK)
     num_blocks = rows // size
 
     def deviations(values: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
@@ -609,13 +621,8 @@ def _largest_deviations(
     if size < 4 or num_blocks < k:
         return lax.top_k(jnp.transpose(deviations(columns, valid)), k)[0]
     blocks = columns.reshape(num_blocks, size, -1)
-    high_source, low_source = blocks, blocks
-    if valid is not None:
-        valid = valid.reshape(blocks.shape)
-        high_source = jnp.where(valid, blocks, -jnp.inf)
-        low_source = jnp.where(valid, blocks, jnp.inf)
-    high = jnp.max(high_source, axis=1).astype(centre.dtype)
-    low = jnp.min(low_source, axis=1).astype(centre.dtype)
+    valid = None if valid is None else valid.reshape(blocks.shape)
+    high, low = _masked_extremes(blocks, valid, lambda a, op: op(a, axis=1).astype(centre.dtype))
     block_largest = lax.stop_gradient(jnp.maximum(high - centre, centre - low))  # (num_blocks, features)
     _, best = lax.top_k(jnp.transpose(block_largest), k)  # (features, k) block indices
     pick = lambda a: jnp.take_along_axis(a, jnp.transpose(best)[:, None, :], axis=0)  # (k, size, features)
