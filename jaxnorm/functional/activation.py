@@ -191,41 +191,51 @@ def normalize_batch(
     return normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype).reshape(x.shape)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
-def _last_axis_norm(x: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray, epsilon: float) -> jnp.ndarray:
-    """Layer norm over the last axis, ``xhat * scale + bias`` with ``xhat = (x - mean) * rsqrt(var + eps)``
-    and the exact two-pass ``var = mean((x - mean)^2)`` (XLA fuses a row's normalization into one kernel).
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _last_axis_norm(
+    x: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray, epsilon: float, centred: bool = True
+) -> jnp.ndarray:
+    """Layer norm (``centred``) or RMS norm over the last axis: ``xhat * scale + bias`` with
+    ``xhat = (x - mean) * rsqrt(var + eps)`` and the exact two-pass ``var = mean((x - mean)^2)``, or
+    ``xhat = x * rsqrt(mean(x^2) + eps)`` (XLA fuses a row's normalization into one kernel).
 
     Custom JVP (Ba et al. 2016, Sec. 3, differentiated): with ``m(.)`` the mean over the last axis,
-    ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))``; its transpose is the usual
-    ``rsqrt(var + eps) * (g - m(g) - xhat * m(xhat g))``, ``g = cotangent * scale``, two row reductions.
-    Autodiff of the two-pass formula differentiates through the mean twice and runs 5-10 % slower. Each
-    full-size use of ``xhat`` in the tangent recomputes it from its own copy of the row statistics, so
-    the backward pass writes no temporary (0.8-0.9x flax's forward+backward on CPU, 1.0-1.1x when
-    XLA shared ``x - mean`` and the broadcast ``rsqrt`` between kernels and wrote them out).
+    ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))`` (RMS: without ``m(dx)``); its
+    transpose is the usual ``rsqrt(var + eps) * (g - m(g) - xhat * m(xhat g))``,
+    ``g = cotangent * scale``, two row reductions. Autodiff of the two-pass formula differentiates
+    through the mean twice and runs 5-10 % slower. Each full-size use of ``xhat`` in the tangent
+    recomputes it from its own copy of the row statistics, so the backward pass writes no temporary
+    (layer norm 0.8-0.9x flax's forward+backward on CPU, RMS norm 0.65-0.8x; 1.0-1.1x when XLA shared
+    ``x - mean`` and the broadcast ``rsqrt`` between kernels and wrote them out).
     """
-    mean = jnp.mean(x, -1, keepdims=True)
-    centred = x - mean
-    inv = lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + epsilon)
-    return centred * (inv * scale) + bias
+    mean, inv = _row_statistics(x, epsilon, centred)
+    return _centre(x, mean) * (inv * scale) + bias
+
+
+def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
+    """The row mean (None unless ``centred``) and ``rsqrt`` of the row variance (or mean square) + eps."""
+    mean = jnp.mean(x, -1, keepdims=True) if centred else None
+    return mean, lax.rsqrt(jnp.mean(jnp.square(_centre(x, mean)), -1, keepdims=True) + epsilon)
+
+
+def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
+    return x if mean is None else x - mean
 
 
 @_last_axis_norm.defjvp
-def _last_axis_norm_jvp(epsilon, primals, tangents):
+def _last_axis_norm_jvp(epsilon, centred, primals, tangents):
     x, scale, bias = primals
     x_dot, scale_dot, bias_dot = tangents
-    mean = jnp.mean(x, -1, keepdims=True)
-    centred = x - mean
-    inv = lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + epsilon)
-    y = centred * (inv * scale) + bias
+    mean, inv = _row_statistics(x, epsilon, centred)
+    y = _centre(x, mean) * (inv * scale) + bias
 
     def xhat(tag: int) -> jnp.ndarray:
         # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
         # shared ``x - mean`` or broadcast ``inv`` to memory; this way only the gradient is written
-        return (x - _distinct(mean, tag)) * _distinct(inv, tag)
+        return _centre(x, None if mean is None else _distinct(mean, tag)) * _distinct(inv, tag)
 
-    x_dot_mean = jnp.mean(x_dot, -1, keepdims=True)
-    xhat_dot = inv * (x_dot - x_dot_mean - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
+    x_dot_centred = _centre(x_dot, None if mean is None else jnp.mean(x_dot, -1, keepdims=True))
+    xhat_dot = inv * (x_dot_centred - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
     return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
 
 
@@ -382,39 +392,13 @@ def rms_norm(
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     if axes == (x.ndim - 1,) and mask is None and axis_name is None:
         ones = jnp.ones((), x32.dtype)
-        return _last_axis_rms(x32, ones if scale is None else scale, epsilon).astype(x.dtype)
+        y = _last_axis_norm(x32, ones if scale is None else scale, jnp.zeros((), x32.dtype), epsilon, False)
+        return y.astype(x.dtype)
     mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True, where=mask)
     if axis_name is not None:
         mean_square = lax.pmean(mean_square, axis_name, axis_index_groups=axis_index_groups)
     inv = lax.rsqrt(mean_square + epsilon)
     return (x32 * (inv if scale is None else inv * scale)).astype(x.dtype)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _last_axis_rms(x: jnp.ndarray, scale: jnp.ndarray, epsilon: float) -> jnp.ndarray:
-    """RMS norm over the last axis, ``x * (rsqrt(mean(x^2) + eps) * scale)``.
-
-    Custom JVP, as :func:`_last_axis_norm`'s without the mean: with ``m(.)`` the mean over the last
-    axis and ``xhat = x * rsqrt(m(x^2) + eps)``, ``d xhat = rsqrt(m(x^2) + eps) * (dx - xhat * m(xhat dx))``.
-    Each full-size use of ``xhat`` in the tangent recomputes it from its own copy of ``rsqrt``, so the
-    backward pass writes no temporary (autodiff: 1.0x flax's forward+backward on CPU).
-    """
-    inv = lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + epsilon)
-    return x * (inv * scale)
-
-
-@_last_axis_rms.defjvp
-def _last_axis_rms_jvp(epsilon, primals, tangents):
-    x, scale = primals
-    x_dot, scale_dot = tangents
-    inv = lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + epsilon)
-    y = x * (inv * scale)
-
-    def xhat(tag: int) -> jnp.ndarray:
-        return x * _distinct(inv, tag)
-
-    xhat_dot = inv * (x_dot - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
-    return y, xhat_dot * scale + xhat(3) * scale_dot
 
 
 RELU_MEAN = 1 / math.sqrt(2 * math.pi)
