@@ -62,12 +62,16 @@ def _sums(x):
     return jnp.sum(values, AXES), jnp.sum(values * values, AXES)
 
 
+def _three_reads(x, separate: bool):
+    """``x`` for each of a forward's three passes; ``separate``: three aliases (an optimization barrier),
+    so that a low-precision ``x`` is widened inside each pass."""
+    reads = (x, x, x)
+    return jax.lax.optimization_barrier(reads) if separate and x.dtype != jnp.float32 else reads
+
+
 def _floor(x, scale, bias, *, separate: bool):
     """Batch norm doing only the necessary work; ``separate``: each pass reads its own alias of ``x``."""
-    reads = (x, x, x)
-    if separate and x.dtype != jnp.float32:
-        reads = jax.lax.optimization_barrier(reads)
-    for_sum, for_squares, for_output = reads
+    for_sum, for_squares, for_output = _three_reads(x, separate)
     n = math.prod(x.shape[a] for a in AXES)
     mean = _sum(for_sum) / n
     squares = jnp.sum(jnp.square(for_squares.astype(jnp.float32)), AXES)
@@ -78,10 +82,7 @@ def _floor(x, scale, bias, *, separate: bool):
 def _floor_l1(x, scale, bias):
     """L1 batch norm doing only the necessary work, each pass reading its own alias of ``x`` (its
     deviations centred on their own copy of the mean)."""
-    reads = (x, x, x)
-    if x.dtype != jnp.float32:
-        reads = jax.lax.optimization_barrier(reads)
-    for_sum, for_deviations, for_output = reads
+    for_sum, for_deviations, for_output = _three_reads(x, separate=True)
     n = math.prod(x.shape[a] for a in AXES)
     mean = _sum(for_sum) / n
     # the deviations centre on their own copy of the mean: with the mean shared with the output pass,
