@@ -416,43 +416,34 @@ def test_check_grads_normalize(x64):
         check_grads(f, args, order=2, modes=["fwd", "rev"], eps=1e-6)
 
 
-def test_layer_norm_last_axis_derivative(x64):
-    """Layer norm over the last axis has a written-out JVP: finite differences to second order, and
-    the same gradients as the general (autodiff) path, taken here through an all-true mask."""
+def _layer_norm_last_axis(x, scale, bias, mask=None):
     from jaxnorm.functional.activation import per_example_norm
 
-    x = jnp.asarray(_normal((6, 3, 4), seed=33, loc=2.0))
-    scale, bias = jnp.asarray(_normal((4,), seed=34)), jnp.asarray(_normal((4,), seed=35))
-    ct = jnp.asarray(_normal((6, 3, 4), seed=36))
-
-    def norm(x, s, b, mask=None):
-        return per_example_norm(
-            x, (2,), p=2, epsilon=1e-5, mask=mask, use_fast_variance=True, scale=s, bias=b
-        )
-
-    check_grads(norm, (x, scale, bias), order=2, modes=["fwd", "rev"], eps=1e-6)
-    fast = jax.grad(lambda *a: jnp.sum(norm(*a) * ct), argnums=(0, 1, 2))(x, scale, bias)
-    general = jax.grad(lambda *a: jnp.sum(norm(*a, mask=jnp.ones(x.shape, bool)) * ct), argnums=(0, 1, 2))(
-        x, scale, bias
+    return per_example_norm(
+        x, (2,), p=2, epsilon=1e-5, mask=mask, use_fast_variance=True, scale=scale, bias=bias
     )
-    for a, b in zip(fast, general, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_rms_norm_last_axis_derivative(x64):
-    """RMS norm over the last axis has a written-out JVP: finite differences to second order, and the
-    same gradients as the general (autodiff) path, taken here through an all-true mask."""
-    x = jnp.asarray(_normal((6, 3, 4), seed=43, loc=1.0))
-    scale = jnp.asarray(_normal((4,), seed=44))
-    ct = jnp.asarray(_normal((6, 3, 4), seed=45))
+def _rms_norm_last_axis(x, scale, mask=None):
+    return F.rms_norm(x, scale=scale, mask=mask)
 
-    def norm(x, s, mask=None):
-        return F.rms_norm(x, scale=s, mask=mask)
 
-    check_grads(norm, (x, scale), order=2, modes=["fwd", "rev"], eps=1e-6)
-    fast = jax.grad(lambda *a: jnp.sum(norm(*a) * ct), argnums=(0, 1))(x, scale)
-    general = jax.grad(lambda *a: jnp.sum(norm(*a, mask=jnp.ones(x.shape, bool)) * ct), argnums=(0, 1))(
-        x, scale
+@pytest.mark.parametrize(("norm", "seed", "loc", "num_params"), [
+    (_layer_norm_last_axis, 33, 2.0, 2),  # scale and bias
+    (_rms_norm_last_axis, 43, 1.0, 1),  # scale
+])
+def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
+    """Layer and RMS norm over the last axis have a written-out JVP: finite differences to second order,
+    and the same gradients as the general (autodiff) path, taken here through an all-true mask."""
+    x = jnp.asarray(_normal((6, 3, 4), seed=seed, loc=loc))
+    params = tuple(jnp.asarray(_normal((4,), seed=seed + 1 + i)) for i in range(num_params))
+    ct = jnp.asarray(_normal((6, 3, 4), seed=seed + 1 + num_params))
+    argnums = tuple(range(1 + num_params))
+
+    check_grads(norm, (x, *params), order=2, modes=["fwd", "rev"], eps=1e-6)
+    fast = jax.grad(lambda *a: jnp.sum(norm(*a) * ct), argnums=argnums)(x, *params)
+    general = jax.grad(lambda *a: jnp.sum(norm(*a, mask=jnp.ones(x.shape, bool)) * ct), argnums=argnums)(
+        x, *params
     )
     for a, b in zip(fast, general, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
