@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _timing import machine_lines
 
 import jaxnorm.models
 from jaxnorm.enorm import discover, enorm_balance, objective
@@ -160,7 +161,8 @@ def main() -> None:
     ours, official = cycles_to_tolerance(params, spec, 1e-6, args.max_cycles)
 
     n_params = sum(leaf.size for leaf in jax.tree.leaves(params))
-    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+    for line in machine_lines([f"timing: medians of {args.repeats} repeats after a warm-up"]):
+        print(line)
     print(f"ResNet-18 type C, width {args.width}, batch {args.batch}, 32x32x3, "
           f"{n_params:,} params, {len(spec)} junctions ({n_units} producer entries)")
     print(f"discover trace + analysis     {discover_s:8.3f} s")

@@ -1,0 +1,44 @@
+"""Smoke runs of the benchmark scripts: each runs to the end at a tiny size and prints its table.
+
+The numbers are not checked (performance lives in the benchmarks, not in timed tests); what is checked is
+that a rename or an API change in jaxnorm does not leave a script that no longer runs.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from fmnist import needs_fmnist
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+TINY = ["--shapes", "4x4x4x32", "--dtypes", "float32,bfloat16", "--repeats", "2"]
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
+                            text=True, timeout=600, cwd=BENCHMARKS.parent)
+    assert result.returncode == 0, f"{script} exited with {result.returncode}:\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+@pytest.mark.parametrize(("script", "args", "expected"), [
+    ("norms.py", TINY, ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |", "checked lines PASS"]),
+    ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
+    ("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()"]),
+    ("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"]),
+    ("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
+     ["SGD-momentum step (anchor)", "enorm(sgd) full step"]),
+])
+def test_benchmark_script_runs(script, args, expected):
+    output = _run(script, *args)
+    assert "date: " in output.splitlines()[0], output[:500]  # the machine and date head every table
+    for text in expected:
+        assert text in output, f"{text!r} not in the output of {script}:\n{output[-3000:]}"
+
+
+@needs_fmnist
+def test_input_pipeline_benchmark_runs():
+    output = _run("input_pipeline.py", "--quick")
+    assert "fashion_mnist data vs mlp step" in output
