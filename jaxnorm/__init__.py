@@ -24,6 +24,7 @@ from jaxnorm.functional import (
     scaled_weight_norm,
     unit_norm,
     weight_norm,
+    weight_norm_data_init,
     weight_standardization,
 )
 
@@ -49,5 +50,6 @@ __all__ = [
     "scaled_weight_norm",
     "unit_norm",
     "weight_norm",
+    "weight_norm_data_init",
     "weight_standardization",
 ]

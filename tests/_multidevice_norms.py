@@ -37,7 +37,9 @@ def max_err(got, want):
     return max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) for g, w in zip(got, want, strict=True))
 
 
-for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3)]:
+# topk=40 exceeds a device's 30 elements per feature (and most devices' unmasked counts): the k largest
+# deviations then come from the candidates of several devices.
+for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3), ("inf", 40)]:
     for masked in (False, True):
         m = mask if masked else np.ones_like(mask)
         kwargs = {"p": p, "topk": topk}
@@ -66,6 +68,21 @@ for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3)]:
             jax.device_put(x, sharded), jax.device_put(m, sharded)
         )
         errors[f"jit-sharded {name}"] = max_err(global_jit, want)
+
+# Gradients: under pmap, the gradient of the sum of the devices' losses equals the single-device
+# gradient of the global loss (the collectives' transposes carry the cotangents across devices).
+weights = rng.normal(size=x.shape)
+for p, topk in [(2, None), (1, None), ("inf", None), ("inf", 3), ("inf", 40)]:
+    kwargs = {"p": p, "topk": topk, "mask": jnp.asarray(mask)}
+    want = jax.grad(lambda a, kw=kwargs: jnp.sum(F.batch_norm(a, **kw) * weights))(jnp.asarray(x))
+
+    def device_loss(a, m, w, p=p, topk=topk):
+        return jnp.sum(F.batch_norm(a, p=p, topk=topk, mask=m, axis_name="d") * w)
+
+    got = jax.pmap(jax.grad(device_loss), axis_name="d")(
+        x.reshape(8, 6, 5, 4), mask.reshape(8, 6, 5, 4), weights.reshape(8, 6, 5, 4)
+    )
+    errors[f"pmap gradient p={p},topk={topk},masked=True"] = max_err([got.reshape(x.shape)], [want])
 
 # axis_index_groups: two groups of four devices, each with the statistics of its half of the batch.
 groups = [[0, 1, 2, 3], [4, 5, 6, 7]]

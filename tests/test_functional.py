@@ -530,6 +530,11 @@ def test_projection_gives_requested_unit_norms(rho, seed):
         (lambda x: F.batch_norm(x, mask=jnp.ones((3,), bool)), ValueError, "does not broadcast"),
         (lambda x: F.batch_norm(x, mask=jnp.ones(x.shape)), TypeError, "mask must be a boolean array"),
         (lambda x: F.batch_norm(x, calibration="exakt"), ValueError, "calibration must be"),
+        (lambda x: F.batch_norm(x, p=1, calibration="exact"), ValueError, "applies to p='inf'"),
+        (lambda x: F.batch_norm(x[:, 0, 0], virtual_batch_size=1), ValueError, "size=1 leaves 1 per"),
+        (lambda x: F.weight_norm(x[0, 0], jnp.ones(2)), ValueError, r"g must be a scalar or .* shape \(4,\)"),
+        (lambda x: F.bounded_weight_norm(x[0, 0], jnp.ones(3)), ValueError, "rho must be a scalar"),
+        (lambda x: F.weight_norm_data_init(x[:1, 0, 0]), ValueError, "at least 2 values per output unit"),
         (lambda x: F.weight_norm(x[0, 0, 0], 1.0), ValueError, "rank >= 2"),
         (lambda x: F.instance_norm(x[:, 0, 0]), ValueError, "instance_norm needs"),
     ],
@@ -540,13 +545,27 @@ def test_bad_input_raises_clear_error(call, error, match):
         call(x)
 
 
-def test_p_accepts_float_inf_and_string():
+def test_p_accepts_float_inf_string_and_numpy_scalars():
     x = jnp.asarray(_normal((20, 3), seed=21, dtype=np.float32))
     a = F.batch_norm(x, p=float("inf"))
     b = F.batch_norm(x, p="inf")
     c = F.batch_norm(x, p=jnp.inf)
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(F.batch_norm(x, p=np.int64(1)), F.batch_norm(x, p=1))
+    with pytest.raises(ValueError, match="p must be"):
+        F.batch_norm(x, p=np.bool_(True))
+
+
+def test_weight_norm_data_init_matches_oracle(x64):
+    t = _normal((6, 5, 5, 3), seed=23) * np.array([0.5, 2.0, 7.0]) + np.array([1.0, -3.0, 0.0])
+    g, b = F.weight_norm_data_init(jnp.asarray(t), epsilon=1e-5)
+    flat = t.reshape(-1, 3)
+    want_g = 1 / np.sqrt(flat.var(axis=0) + 1e-5)
+    np.testing.assert_allclose(g, want_g, rtol=1e-12)
+    np.testing.assert_allclose(b, -flat.mean(axis=0) * want_g, rtol=1e-12)
+    y = (g * t + b).reshape(-1, 3)
+    np.testing.assert_allclose(y.mean(axis=0), 0, atol=1e-12)
 
 
 def test_functions_jit():

@@ -180,6 +180,41 @@ def test_module_errors_name_the_argument():
         jn.LayerNorm(reduction_axes=5).init(KEY, x)
     with pytest.raises(ValueError, match="g_init must be"):
         jn.WeightNormDense(3, g_init="zeros").init(KEY, x)
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        jn.RMSNorm().init(KEY, x.astype(jnp.int32))
+    with pytest.raises(ValueError, match="at least 2 values per output unit"):
+        jn.WeightNormDense(3, g_init="data").init(KEY, x[:1])
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"p": 3}, "p must be 1, 2 or 'inf'"),
+        ({"topk": 2}, "topk applies to p='inf'"),
+        ({"p": "inf", "calibration": "nonsense"}, "calibration must be"),
+        ({"calibration": "exact"}, "applies to p='inf'"),
+        ({"virtual_batch_size": 0}, "virtual_batch_size must be a positive int"),
+    ],
+)
+def test_batch_norm_options_are_checked_in_evaluation_too(options, match):
+    """The batch statistics (and their checks) are not computed in evaluation; the options still are."""
+    with pytest.raises(ValueError, match=match):
+        jn.BatchNorm(use_running_average=True, **options).init(KEY, _x((8, 6)))
+
+
+@pytest.mark.parametrize("options", [{}, {"p": 1}, {"p": "inf", "topk": 3}, {"virtual_batch_size": 4}])
+def test_batch_norm_init_on_a_batch_too_small_for_statistics(options):
+    """As with flax, ``init`` on one example works (there, batch statistics would raise): the variables
+    are those of a full batch, and training on a real batch then proceeds normally."""
+    module = jn.BatchNorm(use_running_average=False, **options)
+    one, batch = _x((1, 6)), _x((8, 6))
+    y_init, variables = module.init_with_output(KEY, one)
+    _close(variables, module.init(KEY, batch), 0)
+    _close(y_init, one / np.sqrt(1 + 1e-5), 1e-6)  # the initial running statistics: mean 0, var 1
+    y, _ = module.apply(variables, batch, mutable=["batch_stats"])
+    want = F.batch_norm(batch, p=options.get("p", 2), topk=options.get("topk"),
+                        virtual_batch_size=options.get("virtual_batch_size"))
+    _close(y, want, 1e-5)
 
 
 # --------------------------------------------------------------------------------------------------

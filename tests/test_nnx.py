@@ -511,6 +511,13 @@ def test_bad_input_raises_clear_errors():
         jnnx.GroupNorm(6, num_groups=4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="topk"):
         jnnx.BatchNorm(6, p="inf", topk=9, rngs=nnx.Rngs(0))(jnp.ones((4, 6)))
+    # options are checked at construction, not at the first training call
+    with pytest.raises(ValueError, match="topk applies to p='inf'"):
+        jnnx.BatchNorm(6, topk=2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="calibration must be"):
+        jnnx.BatchNorm(6, p="inf", calibration="nonsense", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="virtual_batch_size must be a positive int"):
+        jnnx.BatchNorm(6, virtual_batch_size=0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="virtual_batch_size"):
         jnnx.BatchNorm(6, virtual_batch_size=3, rngs=nnx.Rngs(0))(jnp.ones((4, 6)))
     with pytest.raises(ValueError, match="mask"):

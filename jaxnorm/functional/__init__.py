@@ -29,6 +29,7 @@ from jaxnorm.functional.weight import (
     scaled_weight_norm,
     unit_norm,
     weight_norm,
+    weight_norm_data_init,
     weight_standardization,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "scaled_weight_norm",
     "unit_norm",
     "weight_norm",
+    "weight_norm_data_init",
     "weight_standardization",
 ]

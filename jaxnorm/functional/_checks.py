@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Literal
 
 import jax.numpy as jnp
+import numpy as np
 
 PNorm = Literal[1, 2, "inf"]
 
 
 def canonical_p(p: object, name: str = "p") -> PNorm:
-    """Return ``1``, ``2`` or ``"inf"``; accepts ``float("inf")``, ``jnp.inf`` and ``"inf"``."""
+    """Return ``1``, ``2`` or ``"inf"``; accepts ``float("inf")``, ``jnp.inf``, ``"inf"`` and NumPy
+    scalars (``np.int64(2)``, e.g. from a config array)."""
     if isinstance(p, str):
         if p.lower() in ("inf", "infinity"):
             return "inf"
-    elif isinstance(p, int | float) and not isinstance(p, bool):
+    elif isinstance(p, numbers.Real) and not isinstance(p, bool | np.bool_):
         if p == 1:
             return 1
         if p == 2:

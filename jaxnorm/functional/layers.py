@@ -9,6 +9,7 @@ shells around one pure computation. Conventions follow flax: running averages ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -17,10 +18,17 @@ from jax import lax
 
 from jaxnorm.functional._checks import PNorm, canonical_axes, check_floating, num_groups_of
 from jaxnorm.functional.activation import normalize, normalize_batch, per_example_norm, rms_norm
-from jaxnorm.functional.stats import AxisIndexGroups, Calibration, ChannelGroups, batch_moments
+from jaxnorm.functional.stats import (
+    AxisIndexGroups,
+    Calibration,
+    ChannelGroups,
+    batch_moments,
+    check_batch_options,
+)
 
 __all__ = [
     "BatchNormOutput",
+    "batch_gives_statistics",
     "batch_norm_layer",
     "group_norm_layer",
     "layer_norm_layer",
@@ -84,6 +92,7 @@ def batch_norm_layer(
     returned unchanged (Salimans & Kingma 2016, Sec. 2.2).
     """
     check_floating(x, "x")
+    check_batch_options(p, topk, calibration, virtual_batch_size)
     feature_axes = canonical_axes(axis, x.ndim, "axis")
     shape = _feature_shape(x, feature_axes)
     out_dtype = _output_dtype(dtype, x, scale, bias)
@@ -134,6 +143,18 @@ def batch_norm_layer(
             batch_var.reshape(running_var.shape)
         )
     return BatchNormOutput(y, new_mean, new_var)
+
+
+def batch_gives_statistics(
+    shape: tuple[int, ...], feature_axes: tuple[int, ...], virtual_batch_size: int | None = None
+) -> bool:
+    """Whether a batch of ``shape`` has the 2 elements per feature (per ghost batch of
+    ``virtual_batch_size`` along axis 0) that batch statistics need."""
+    batch = shape[0] if virtual_batch_size is None else virtual_batch_size
+    if virtual_batch_size is not None and (virtual_batch_size < 1 or shape[0] % virtual_batch_size):
+        return False  # (an invalid virtual_batch_size is reported by batch_norm_layer's checks)
+    rest = [n for a, n in enumerate(shape) if a not in feature_axes and a != 0]
+    return (batch if 0 not in feature_axes else 1) * math.prod(rest) >= 2
 
 
 def layer_norm_layer(
@@ -228,6 +249,7 @@ def rms_norm_layer(
     dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
     """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
+    check_floating(x, "x")  # before the cast to the compute dtype, which would hide an integer x
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
     if scale is not None:

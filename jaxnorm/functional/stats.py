@@ -30,6 +30,7 @@ References:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -291,39 +292,56 @@ def combine_moments(moments: Moments, axis: int) -> Moments:
     return Moments(total, mean, jnp.sum(moments.m2, axis=axis, keepdims=True) + between)
 
 
-def gather_invariant(
-    x: jnp.ndarray, axis_name: str | Sequence[str], axis_index_groups: AxisIndexGroups = None
-) -> jnp.ndarray:
-    """Stack ``x`` from every device of ``axis_name`` (or of this device's group) on a new axis 0.
+def _axis_size(axis_name: str | Sequence[str] | None, axis_index_groups: AxisIndexGroups) -> int:
+    """How many devices share the statistics: 1 without ``axis_name``, else the size of the mapped axis
+    (or of a group of ``axis_index_groups``)."""
+    if axis_name is None:
+        return 1
+    return len(axis_index_groups[0]) if axis_index_groups is not None else lax.axis_size(axis_name)
 
-    Implemented as one ``psum`` of one-hot slots rather than ``all_gather``: the same bytes on the wire,
-    and the result is known to be replicated, so ``shard_map(..., out_specs=P())`` accepts statistics
-    computed from it.
+
+def gather_invariant(x, axis_name: str | Sequence[str], axis_index_groups: AxisIndexGroups = None):
+    """Stack each array of the pytree ``x`` from every device of ``axis_name`` (or of this device's
+    group) on a new axis 0, in one collective.
+
+    The arrays travel as one flat vector, in one ``psum`` of one-hot slots rather than ``all_gather``:
+    the same bytes on the wire, and the result is known to be replicated, so ``shard_map(...,
+    out_specs=P())`` accepts statistics computed from it. The arrays must be finite (a slot of another
+    device holds ``0 * x``) and share one dtype.
     """
     index = lax.axis_index(axis_name)
-    if axis_index_groups is None:
-        size = lax.axis_size(axis_name)
-    else:
-        size = len(axis_index_groups[0])
+    size = _axis_size(axis_name, axis_index_groups)
+    if axis_index_groups is not None:
         position = [0] * sum(len(group) for group in axis_index_groups)
         for group in axis_index_groups:
             for slot, device in enumerate(group):
                 position[device] = slot
         index = jnp.asarray(position)[index]
-    onehot = (jnp.arange(size) == index).astype(x.dtype).reshape((size,) + (1,) * x.ndim)
-    return lax.psum(onehot * x[None], axis_name, axis_index_groups=axis_index_groups)
+    leaves, treedef = jax.tree.flatten(x)
+    flat = jnp.concatenate([jnp.ravel(a) for a in leaves])
+    onehot = (jnp.arange(size) == index).astype(flat.dtype)[:, None]
+    gathered = lax.psum(onehot * flat[None], axis_name, axis_index_groups=axis_index_groups)
+    offsets = list(itertools.accumulate(a.size for a in leaves))[:-1]
+    parts = jnp.split(gathered, offsets, axis=1)
+    return jax.tree.unflatten(
+        treedef, [part.reshape(size, *a.shape) for part, a in zip(parts, leaves, strict=True)]
+    )
 
 
-def _gather_combine(moments: Moments, axis_name, axis_index_groups) -> Moments:
-    """Gather per-device moments (one collective) and merge them exactly (Chan et al.)."""
+def _gather_combine(
+    moments: Moments, axis_name, axis_index_groups, extra: tuple[jnp.ndarray, ...] = ()
+) -> tuple[Moments, jnp.ndarray, tuple[jnp.ndarray, ...]]:
+    """Gather per-device moments and the ``extra`` arrays in one collective; merge the moments exactly
+    (Chan et al.). Returns the merged moments, the per-device counts and the gathered ``extra``, each
+    stacked on a new axis 0 (devices)."""
     count = jnp.broadcast_to(moments.count, moments.mean.shape)
     parts = [count, moments.mean] + ([] if moments.m2 is None else [moments.m2])
-    gathered = gather_invariant(jnp.stack(parts), axis_name, axis_index_groups)
+    gathered, gathered_extra = gather_invariant((jnp.stack(parts), extra), axis_name, axis_index_groups)
     merged = combine_moments(
         Moments(gathered[:, 0], gathered[:, 1], None if moments.m2 is None else gathered[:, 2]), 0
     )
     squeeze = lambda a: None if a is None else a[0]
-    return Moments(squeeze(merged.count), squeeze(merged.mean), squeeze(merged.m2))
+    return Moments(*map(squeeze, merged)), gathered[:, 0], gathered_extra
 
 
 class ChannelGroups(NamedTuple):
@@ -382,46 +400,64 @@ def dispersion_moments(
     """``(mean, sigma_hat**2)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of every norm.
 
     The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
-    reduction; ``axis_name`` merges devices (L2: one all-gather of (count, mean, M2); L1 / L∞: the mean
-    first, then one psum / pmax / gathered top-k of the deviations — the deviations need the global mean).
+    reduction; ``axis_name`` merges devices, in one collective for L2 (an all-gather of count, mean and
+    M2) and L∞ (count, mean, ``max x`` and ``min x``; with top-k, each device's k largest and k smallest
+    values, among which the k largest deviations from the global mean lie). L1 takes two: its
+    ``sum |x - mu|`` needs the global mean first.
 
     L∞ takes ``max |x - mu| = max(max x - mu, mu - min x)``: two plain reductions of ``x``, no pass over
     the deviations. For L1, L∞ and top-k the mean is the plain ``sum x / n``: XLA reduces in a tree, so
     its error is a few float32 ulps of the mean, the resolution of the data at that magnitude anyway
     (the cancellation that needs care is the variance's, handled in :func:`local_moments`).
     """
-    # the deviations (L1, L-inf, top-k) read x once more, after the mean
+    # the deviations (L1, L-inf, top-k) read x once more
     with_deviations = p != 2 and not mean_only
     moments_source, deviation_source = _separate_reads(x, 2) if with_deviations else (x, x)
     moments = local_moments(
         moments_source, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass
     )
     moments = _group_combine(moments, groups)
+    # What L-inf needs besides the mean does not depend on it, so it joins the moments' collective:
+    # the extremes max x and min x, or for top-k each device's k largest and k smallest values.
+    extra = ()
+    if p == "inf" and not mean_only and topk is None:
+        # max and min are exact in the input dtype: no widening (for bf16, none written to memory)
+        extreme = lambda a, op: _extreme(a, axes, op).astype(moments.mean.dtype)
+        high, low = _masked_extremes(deviation_source, mask, extreme)
+        extra = (_group_reduce(high, groups, jnp.max), _group_reduce(low, groups, jnp.min))
+    elif topk is not None and axis_name is not None:
+        extra = _extreme_candidates(deviation_source, moments.count, axes, topk, mask)
     if axis_name is not None:
-        moments = _gather_combine(moments, axis_name, axis_index_groups)
+        local_count = jnp.broadcast_to(moments.count, moments.mean.shape)
+        if topk is None and extra:  # the extremes of a device without elements are -inf / +inf
+            extra = tuple(jnp.where(local_count > 0, a, 0) for a in extra)
+        moments, device_counts, extra = _gather_combine(moments, axis_name, axis_index_groups, extra)
+        if topk is None and extra:
+            high, low = extra
+            occupied = device_counts > 0
+            extra = (jnp.max(jnp.where(occupied, high, -jnp.inf), axis=0),
+                     jnp.min(jnp.where(occupied, low, jnp.inf), axis=0))
     if mean_only:
         return moments.mean, None
     if p == 2:
         return moments.mean, moments.m2 / jnp.maximum(moments.count, 1)
     count, mean = moments.count, moments.mean
 
-    def reduce(stat: jnp.ndarray, op, collective) -> jnp.ndarray:
-        stat = _group_reduce(stat, groups, op)
-        return stat if axis_name is None else collective(stat, axis_name, axis_index_groups=axis_index_groups)
-
     def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
-        return reduce(stat, jnp.sum, lax.psum)
+        stat = _group_reduce(stat, groups, jnp.sum)
+        return stat if axis_name is None else lax.psum(stat, axis_name, axis_index_groups=axis_index_groups)
 
     if topk is not None:
-        dispersion = _topk_mean(deviation_source, mean, axes, topk, mask, count, axis_name, axis_index_groups)
+        if axis_name is None:
+            largest = _largest_deviations_per_feature(deviation_source, mean, axes, topk, mask)
+        else:
+            largest = _largest_candidate_deviations(*extra, mean, axes, topk)
+        dispersion = _topk_mean(largest, mean, count, topk)
     elif p == 1:
         total = _abs_deviation_sum(deviation_source.astype(mean.dtype), mean, count, mask, axes, reduce_sum)
         dispersion = L1_CONSTANT * total / jnp.maximum(count, 1)
     else:
-        # max and min are exact in the input dtype: no widening (for bf16, none written to memory)
-        extreme = lambda a, op: _extreme(a, axes, op).astype(mean.dtype)
-        high, low = _masked_extremes(deviation_source, mask, extreme)
-        high, low = lax.stop_gradient((reduce(high, jnp.max, lax.pmax), reduce(low, jnp.min, lax.pmin)))
+        high, low = lax.stop_gradient(extra)
         dispersion = _max_deviation(x, mean, high, low, mask, axes, reduce_sum)
     if p == "inf":
         if calibration == "exact":
@@ -528,9 +564,10 @@ def _max_deviation(
 ) -> jnp.ndarray:
     """``max |x - mean| = max(high - mean, mean - low)`` from the extremes of the group (0 if it is empty).
 
-    Its derivative (custom JVP) goes to the elements equal to the extreme on the far side of the mean,
-    shared equally among ties, minus the mean's: one fused counting pass, where ``jnp.max``'s own rule
-    writes a full-size indicator for each of the two extremes. Zero where the dispersion is zero.
+    Its derivative (custom JVP) goes to the elements equal to the extreme on the far side of the mean
+    (the upper one when both are as far: a valid subgradient), shared equally among ties, minus the
+    mean's: one fused counting pass, where ``jnp.max``'s own rule writes a full-size indicator for each
+    of the two extremes. Zero where the dispersion is zero.
     ``values`` is ``x`` in its own dtype (``high`` and ``low`` are among its elements, so the tie
     comparison is exact there too). ``reduce_sum`` merges a per-channel sum over the channels of a
     group and the devices.
@@ -561,39 +598,104 @@ def _max_deviation_jvp(axes, reduce_sum, primals, tangents):
     return dispersion, jnp.where(dispersion > 0, slope, 0)
 
 
-def _topk_mean(
-    values: jnp.ndarray,
-    mean: jnp.ndarray,
-    axes: tuple[int, ...],
-    k: int,
-    mask: jnp.ndarray | None,
-    count: jnp.ndarray,
-    axis_name: str | Sequence[str] | None,
-    axis_index_groups: AxisIndexGroups,
-) -> jnp.ndarray:
-    """Mean of the k largest ``|values - mean|`` over ``axes`` (keepdims); exact across devices.
+def _as_columns(a: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
+    """``a`` as (reduced elements, features): the reduced ``axes`` first, the kept axes in order."""
+    kept = tuple(i for i in range(a.ndim) if i not in axes)
+    return jnp.transpose(a, axes + kept).reshape(-1, math.prod(a.shape[i] for i in kept))
 
-    ``values`` is ``x`` in its own dtype, ``mean`` its (merged) mean, keepdims, in the statistics dtype.
-    """
-    kept = tuple(a for a in range(values.ndim) if a not in axes)
-    kept_shape = tuple(values.shape[a] for a in kept)
 
-    def as_columns(a: jnp.ndarray) -> jnp.ndarray:  # (rows, features); the mean has one row
-        return jnp.transpose(a, axes + kept).reshape(-1, math.prod(kept_shape))
+def _kept_shape(a: jnp.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for i, n in enumerate(a.shape) if i not in axes)
 
-    columns = as_columns(values)
-    centre = as_columns(mean)
-    valid = None if mask is None else as_columns(jnp.broadcast_to(mask, values.shape))
-    largest = _largest_deviations(columns, centre, valid, k).reshape(*kept_shape, k)
-    if axis_name is not None:
-        gathered = gather_invariant(largest, axis_name, axis_index_groups)  # (devices, ..., k)
-        largest = lax.top_k(jnp.moveaxis(gathered, 0, -2).reshape(*largest.shape[:-1], -1), k)[0]
+
+def _keepdims_shape(a: jnp.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+
+def _topk_mean(largest: jnp.ndarray, mean: jnp.ndarray, count: jnp.ndarray, k: int) -> jnp.ndarray:
+    """Mean of the k largest deviations (``largest``: (features..., k), -1 where fewer than k elements),
+    in the keepdims shape of ``mean``; ``count`` is the number of elements per feature."""
     total = jnp.sum(jnp.maximum(largest, 0), axis=-1)
-    keepdims_shape = tuple(1 if a in axes else values.shape[a] for a in range(values.ndim))
-    return total.reshape(keepdims_shape) / jnp.clip(count, 1, k)
+    return total.reshape(mean.shape) / jnp.clip(count, 1, k)
+
+
+def _largest_deviations_per_feature(
+    values: jnp.ndarray, mean: jnp.ndarray, axes: tuple[int, ...], k: int, mask: jnp.ndarray | None
+) -> jnp.ndarray:
+    """The k largest ``|values - mean|`` over ``axes`` per feature, (features..., k).
+
+    ``values`` is ``x`` in its own dtype, ``mean`` its mean, keepdims, in the statistics dtype.
+    """
+    valid = None if mask is None else _as_columns(jnp.broadcast_to(mask, values.shape), axes)
+    largest = _largest_deviations(_as_columns(values, axes), _as_columns(mean, axes), valid, k)
+    return largest.reshape(*_kept_shape(values, axes), k)
+
+
+def _extreme_candidates(
+    values: jnp.ndarray, count: jnp.ndarray, axes: tuple[int, ...], k: int, mask: jnp.ndarray | None
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """This device's candidates for the k largest deviations from a mean not known yet.
+
+    Whatever the mean ``mu``, the k largest ``|x - mu|`` of a set lie among its k largest and its k
+    smallest values; over several devices, among those of each device. Returns, per feature, this
+    device's ``k' = min(k, rows)`` largest and ``k'`` smallest values and which of them are real
+    elements, ``(values, valid)``, each (features..., 2k'), in the statistics dtype, zero where not
+    valid (gathered across devices, they must be finite). The j-th smallest is dropped when it is also
+    among the ``k'`` largest (fewer than ``2k'`` elements), so that no element is counted twice.
+    """
+    columns = _as_columns(values, axes)
+    valid = None if mask is None else _as_columns(jnp.broadcast_to(mask, values.shape), axes)
+    kept = min(k, columns.shape[0])
+    dtype = stats_dtype(values)
+    largest = _largest_values(columns, valid, kept, dtype)  # (features, k')
+    smallest = -_largest_values(-columns, valid, kept, dtype)
+    elements = _as_columns(jnp.broadcast_to(count, _keepdims_shape(values, axes)), axes)[0][:, None]
+    rank = jnp.arange(kept, dtype=dtype)
+    is_valid = jnp.concatenate([jnp.broadcast_to(rank < elements, largest.shape),
+                                jnp.broadcast_to(rank < elements - kept, smallest.shape)], axis=-1)
+    candidates = jnp.where(is_valid, jnp.concatenate([largest, smallest], axis=-1), 0)
+    shape = (*_kept_shape(values, axes), 2 * kept)
+    return candidates.reshape(shape), is_valid.astype(dtype).reshape(shape)
+
+
+def _largest_candidate_deviations(
+    candidates: jnp.ndarray, valid: jnp.ndarray, mean: jnp.ndarray, axes: tuple[int, ...], k: int
+) -> jnp.ndarray:
+    """The k largest ``|candidate - mean|`` per feature, (features..., k), from the candidates of every
+    device (:func:`_extreme_candidates`, gathered: (devices, features..., 2k'))."""
+    merged = lambda a: jnp.moveaxis(a, 0, -2).reshape(*a.shape[1:-1], -1)
+    centre = jnp.squeeze(mean, axes)[..., None]
+    deviations = jnp.where(merged(valid) > 0, jnp.abs(merged(candidates) - centre), -1.0)
+    return lax.top_k(deviations, k)[0]
 
 
 _TOPK_BLOCK = 32
+
+
+def _two_stage_top_k(
+    columns: jnp.ndarray, valid: jnp.ndarray | None, k: int, score, block_bound
+) -> jnp.ndarray:
+    """The ``k`` largest ``score(values, valid)`` of each column of ``columns`` (rows, features), as
+    (features, k).
+
+    Two stages instead of one ``lax.top_k`` over every score (a sort on CPU, after a transposed
+    copy): the rows are cut into blocks of up to 32, and the k largest scores all lie in the k blocks
+    whose largest score is largest (an entry outside them is below k block maxima).
+    ``block_bound(blocks, valid)`` gives each block's largest score (num_blocks, features) from
+    reductions of the blocks that XLA runs fast; only the k blocks kept are scored element by element.
+    Ties do not change the values returned.
+    """
+    rows = columns.shape[0]
+    size = _largest_divisor(rows, _TOPK_BLOCK)
+    num_blocks = rows // size
+    if size < 4 or num_blocks < k:
+        return lax.top_k(jnp.transpose(score(columns, valid)), k)[0]
+    blocks = columns.reshape(num_blocks, size, -1)
+    valid = None if valid is None else valid.reshape(blocks.shape)
+    _, best = lax.top_k(jnp.transpose(lax.stop_gradient(block_bound(blocks, valid))), k)  # (features, k)
+    pick = lambda a: jnp.take_along_axis(a, jnp.transpose(best)[:, None, :], axis=0)  # (k, size, features)
+    candidates = score(pick(blocks), None if valid is None else pick(valid))
+    return lax.top_k(jnp.moveaxis(candidates, -1, 0).reshape(columns.shape[1], -1), k)[0]
 
 
 def _largest_deviations(
@@ -602,36 +704,46 @@ def _largest_deviations(
     """The ``k`` largest ``|columns - centre|`` of each column (rows, features), as (features, k).
 
     ``centre`` is (1, features) in the statistics dtype; entries where ``valid`` is False never count
-    (they take -1). Two stages instead of one ``lax.top_k`` over every deviation (a sort on CPU, after
-    a transposed copy): the rows are cut into blocks of up to 32, and the k largest deviations all lie
-    in the k blocks whose largest deviation is largest (an entry outside them is below k block
-    maxima). A block's largest deviation is ``max(max x - centre, centre - min x)``, from its
-    extremes, which are exact in the input dtype and the fastest reductions XLA:CPU has: no
-    full-size ``|x - centre|`` is computed, only those of the k blocks kept. Ties do not change the
-    values returned.
+    (they take -1). A block's largest deviation (:func:`_two_stage_top_k`) is
+    ``max(max x - centre, centre - min x)``, from its extremes, which are exact in the input dtype and
+    the fastest reductions XLA:CPU has: no full-size ``|x - centre|`` is computed, only those of the k
+    blocks kept.
     """
-    rows = columns.shape[0]
-    size = _largest_divisor(rows, _TOPK_BLOCK)
-    num_blocks = rows // size
 
     def deviations(values: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
         deviation = jnp.abs(values.astype(centre.dtype) - centre)
         return deviation if valid is None else jnp.where(valid, deviation, -1.0)
 
-    if size < 4 or num_blocks < k:
-        return lax.top_k(jnp.transpose(deviations(columns, valid)), k)[0]
-    blocks = columns.reshape(num_blocks, size, -1)
-    valid = None if valid is None else valid.reshape(blocks.shape)
-    high, low = _masked_extremes(blocks, valid, lambda a, op: op(a, axis=1).astype(centre.dtype))
-    block_largest = lax.stop_gradient(jnp.maximum(high - centre, centre - low))  # (num_blocks, features)
-    _, best = lax.top_k(jnp.transpose(block_largest), k)  # (features, k) block indices
-    pick = lambda a: jnp.take_along_axis(a, jnp.transpose(best)[:, None, :], axis=0)  # (k, size, features)
-    candidates = deviations(pick(blocks), None if valid is None else pick(valid))
-    return lax.top_k(jnp.moveaxis(candidates, -1, 0).reshape(columns.shape[1], -1), k)[0]
+    def block_largest(blocks: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
+        high, low = _masked_extremes(blocks, valid, lambda a, op: op(a, axis=1).astype(centre.dtype))
+        return jnp.maximum(high - centre, centre - low)
+
+    return _two_stage_top_k(columns, valid, k, deviations, block_largest)
 
 
-def _check_common(x, p, topk, calibration) -> PNorm:
-    check_floating(x, "x")
+def _largest_values(columns: jnp.ndarray, valid: jnp.ndarray | None, k: int, dtype) -> jnp.ndarray:
+    """The ``k`` largest entries of each column (rows, features), as (features, k) in ``dtype``;
+    entries where ``valid`` is False never count (they take -inf)."""
+
+    def values(entries: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
+        entries = entries.astype(dtype)
+        return entries if valid is None else jnp.where(valid, entries, -jnp.inf)
+
+    def block_largest(blocks: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
+        return _masked_extremes(blocks, valid, lambda a, op: op(a, axis=1).astype(dtype))[0]
+
+    return _two_stage_top_k(columns, valid, k, values, block_largest)
+
+
+def check_batch_options(
+    p: PNorm | float, topk: int | None = None, calibration: Calibration = "paper",
+    virtual_batch_size: int | None = None,
+) -> PNorm:
+    """Validate batch norm's options, whatever the input; returns the canonical ``p``.
+
+    The modules call it in evaluation too, where the batch statistics (and their checks) are not
+    computed: a wrong option fails at once, not at the first training step.
+    """
     p = canonical_p(p)
     if topk is not None:
         check_positive_int(topk, "topk")
@@ -639,6 +751,10 @@ def _check_common(x, p, topk, calibration) -> PNorm:
             raise ValueError(f"topk applies to p='inf' (top-k L∞ norm), got p={p!r}")
     if calibration not in ("paper", "exact"):
         raise ValueError(f"calibration must be 'paper' or 'exact', got {calibration!r}")
+    if calibration == "exact" and p != "inf":
+        raise ValueError(f"calibration='exact' (the L∞ constant) applies to p='inf', got p={p!r}")
+    if virtual_batch_size is not None:
+        check_positive_int(virtual_batch_size, "virtual_batch_size")
     return p
 
 
@@ -669,11 +785,11 @@ def batch_moments(
     is split into ``x.shape[0] // v`` ghost batches with statistics of their own, returned stacked on a
     new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype.
     """
-    p = _check_common(x, p, topk, calibration)
+    check_floating(x, "x")
+    p = check_batch_options(p, topk, calibration, virtual_batch_size)
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
     if virtual_batch_size is not None:
-        check_positive_int(virtual_batch_size, "virtual_batch_size")
         if 0 in features:
             raise ValueError(
                 "virtual_batch_size splits axis 0 (the batch axis), which must not be a feature axis"
@@ -693,12 +809,23 @@ def batch_moments(
     reduce_axes = tuple(a for a in range(x.ndim) if a not in features)
     size = math.prod(x.shape[a] for a in reduce_axes)
     if axis_name is None and size < 2:
+        if virtual_batch_size is not None:
+            raise ValueError(
+                f"batch statistics need at least 2 elements per feature, and virtual_batch_size="
+                f"{virtual_batch_size} leaves {size} per ghost batch (ghost batches of shape {x.shape[1:]}, "
+                f"feature axis={axis!r}); use a larger virtual_batch_size"
+            )
         raise ValueError(
             f"batch statistics need at least 2 elements per feature, got a reduction of size {size} "
             f"(x.shape={x.shape}, feature axis={axis!r}); use layer/group norm for single examples"
         )
-    if topk is not None and topk > size:
-        raise ValueError(f"topk={topk} exceeds the reduction size {size} (x.shape={x.shape}, axis={axis!r})")
+    if topk is not None:
+        devices = _axis_size(axis_name, axis_index_groups)
+        if topk > size * devices:
+            across = "" if devices == 1 else f" x {devices} devices of axis_name={axis_name!r}"
+            raise ValueError(
+                f"topk={topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, axis={axis!r})"
+            )
     mean, var = dispersion_moments(
         x,
         reduce_axes,

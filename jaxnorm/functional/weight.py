@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional._checks import check_floating
+from jaxnorm.functional.stats import batch_moments
 
 __all__ = [
     "bounded_weight_norm",
@@ -30,6 +31,7 @@ __all__ = [
     "scaled_weight_norm",
     "unit_norm",
     "weight_norm",
+    "weight_norm_data_init",
     "weight_standardization",
 ]
 
@@ -50,6 +52,15 @@ def _unit_sumsq(w: jnp.ndarray, name: str) -> jnp.ndarray:
     return jnp.sum(jnp.square(w32), axis=_unit_axes(w, name), keepdims=True)
 
 
+def _check_per_unit(value: jnp.ndarray | float, w: jnp.ndarray, name: str) -> None:
+    """``value`` must be a scalar or one value per output unit, ``(out,)``."""
+    if jnp.shape(value) not in ((), (1,), (w.shape[-1],)):
+        raise ValueError(
+            f"{name} must be a scalar or have one value per output unit, shape ({w.shape[-1]},) for a "
+            f"kernel of shape {w.shape}, got shape {jnp.shape(value)}"
+        )
+
+
 def fans(shape: tuple[int, ...]) -> tuple[int, int]:
     """``(fan_in, fan_out)`` of a kernel: Dense ``(in, out)``; Conv ``(*window, in, out)``.
 
@@ -64,7 +75,7 @@ def fans(shape: tuple[int, ...]) -> tuple[int, int]:
 def unit_norm(w: jnp.ndarray, *, epsilon: float = 0.0) -> jnp.ndarray:
     """L2 norm of each output unit's weight vector: ``sqrt(sum_{i} w[i, j]**2 + epsilon)``, shape ``(out,)``.
 
-    Computed in float32 for bf16/f16 kernels; returned in that precision.
+    Computed and returned in float32 for bf16/f16 kernels (in the kernel's dtype for float32/float64).
     """
     return jnp.sqrt(_unit_sumsq(w, "w") + epsilon).reshape(w.shape[-1])
 
@@ -75,6 +86,11 @@ def project_to_norm(w: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float 
     ``rho`` is a scalar or a ``(out,)`` vector. A zero unit stays zero (no NaN). This is the per-unit
     sphere projection that WRS (Liu et al., Sec. 5) and bounded weight norm (Hoffer et al., Sec. 4) apply.
     """
+    return _project(w, rho, epsilon, "rho")
+
+
+def _project(w: jnp.ndarray, rho: jnp.ndarray | float, epsilon: float, name: str) -> jnp.ndarray:
+    _check_per_unit(rho, w, name)
     inv_norm = jax.lax.rsqrt(_unit_sumsq(w, "w") + epsilon)
     return (w * (jnp.asarray(rho, inv_norm.dtype) * inv_norm)).astype(w.dtype)
 
@@ -83,9 +99,37 @@ def weight_norm(v: jnp.ndarray, g: jnp.ndarray | float, *, epsilon: float = 1e-1
     """Weight normalization (Salimans & Kingma 2016, Eq. 2): ``w = g * v / ||v||`` per output unit.
 
     ``||v||`` is ``sqrt(sum v**2 + epsilon)`` over all axes but the last, so a zero ``v`` gives ``w = 0``
-    with finite gradients. ``g`` is a scalar or ``(out,)``.
+    with finite gradients. ``g`` is a scalar or ``(out,)``. For ``g``'s data-dependent initialisation see
+    :func:`weight_norm_data_init`.
     """
-    return project_to_norm(v, g, epsilon=epsilon)
+    return _project(v, g, epsilon, "g")
+
+
+def weight_norm_data_init(
+    pre_activations: jnp.ndarray, *, epsilon: float = 1e-5
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Weight norm's data-dependent initialisation (Salimans & Kingma 2016, Sec. 3): ``(g, b)``.
+
+    ``pre_activations`` is ``t = x . (v / ||v||)``, the layer's output on an initialisation batch with
+    ``g = 1`` and no bias, shape ``(..., out)``. With ``mu[t]`` and ``sigma^2[t]`` the mean and variance per
+    output unit (over every axis but the last; float32 statistics)::
+
+        g = 1 / sqrt(sigma^2[t] + epsilon),    b = -mu[t] * g
+
+    so that ``g * t + b``, the pre-activations with these values, has zero mean and unit variance per
+    unit on that batch. A layer without a bias can only take ``g``: its pre-activations then have unit
+    variance and keep their mean. The modules' ``g_init='data'`` (linen) and ``data_init`` (NNX) use it.
+    """
+    check_floating(pre_activations, "pre_activations")
+    if pre_activations.ndim < 1 or pre_activations.size < 2 * pre_activations.shape[-1]:
+        raise ValueError(
+            "weight norm's data-dependent initialisation needs at least 2 values per output unit, got "
+            f"pre_activations of shape {jnp.shape(pre_activations)}: initialise on a batch of at least 2 "
+            "examples (linen: the batch given to init with g_init='data'; NNX: layer.data_init(x))"
+        )
+    mean, var = batch_moments(pre_activations, axis=-1)
+    g = jax.lax.rsqrt(var + epsilon)
+    return g, -mean * g
 
 
 def scaled_weight_norm(

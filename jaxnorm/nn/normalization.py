@@ -5,7 +5,10 @@ Every flax argument keeps its name and default, the variables keep flax's collec
 numbers are flax's — code and checkpoints written for flax keep working. jaxnorm's own arguments:
 ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``, ``virtual_batch_size``, ``mean_only``.
 Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation
-(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.stats`).
+(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.stats`);
+``force_float32_reductions`` is accepted and has no effect, since the statistics are always float32 or
+wider; a BatchNorm ``init`` batch too small for batch statistics is normalized with the initial running
+statistics rather than raising.
 
 The computation lives in :mod:`jaxnorm.functional.layers`; these classes only declare variables.
 """
@@ -42,7 +45,8 @@ class BatchNorm(nn.Module):
 
     Attributes:
       use_running_average, axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
-      scale_init, axis_name, axis_index_groups, use_fast_variance, force_float32_reductions: as flax.
+      scale_init, axis_name, axis_index_groups, use_fast_variance: as flax.
+      force_float32_reductions: accepted for flax's signature; no effect (statistics are float32 or wider).
       p: 2 (default), 1 (``sqrt(pi/2) * mean|x - mu|``) or 'inf' (``C(n) * max|x - mu|``).
       topk: with ``p='inf'``, the mean of the ``topk`` largest deviations replaces the max.
       calibration: 'paper' (the paper's ``C(n)``) or 'exact' (``1 / E[max of n |N(0,1)|]``).
@@ -50,7 +54,9 @@ class BatchNorm(nn.Module):
       mean_only: subtract the batch mean only (for bounded weight norm / weight norm networks).
 
     ``batch_stats/var`` holds ``sigma_hat**2`` for every ``p`` so evaluation code stays the same.
-    Running statistics are not updated during ``init``, as in flax.
+    Running statistics are not updated during ``init``, as in flax; an ``init`` batch too small for
+    batch statistics (one example, or not a multiple of ``virtual_batch_size``) is normalized with the
+    initial running statistics instead of raising, so ``model.init(key, x[:1])`` works as with flax.
     """
 
     use_running_average: bool | None = None
@@ -85,6 +91,10 @@ class BatchNorm(nn.Module):
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
+        if initializing and not layers.batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size):
+            # init needs the shapes only: a dummy batch too small for batch statistics (one example,
+            # or not a multiple of virtual_batch_size) is normalized with the initial running ones
+            use_running_average = True
         out = layers.batch_norm_layer(
             x,
             running_mean=ra_mean.value,

@@ -17,19 +17,18 @@ from collections.abc import Sequence
 from typing import Literal
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
 from jaxnorm.functional.activation import normprop_relu
-from jaxnorm.functional.stats import batch_moments
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     scaled_weight_norm,
     unit_norm,
     weight_norm,
+    weight_norm_data_init,
     weight_standardization,
 )
 
@@ -129,8 +128,9 @@ class _WeightNorm(nn.Module):
     ``g_init``: 'norm' (default) sets ``g = ||v||`` so the layer computes the same function as its
     plain twin at initialisation; 'ones' is flax's ``g = 1``; 'data' is the data-dependent
     initialisation of Salimans & Kingma (Sec. 3) from the batch given to ``init``: with
-    ``t = x * (v / ||v||)``, ``g = 1 / sqrt(var(t) + data_init_epsilon)`` and ``b = -mean(t) * g``,
-    so that pre-activations start with zero mean and unit variance per unit.
+    ``t = x * (v / ||v||)``, ``g = 1 / sqrt(var(t) + data_init_epsilon)`` and ``b = -mean(t) * g``
+    (:func:`jaxnorm.functional.weight_norm_data_init`), so that pre-activations start with zero mean and
+    unit variance per unit; with ``use_bias=False`` only ``g`` is set: unit variance, the mean kept.
     """
 
     g_init: GInit = "norm"
@@ -147,9 +147,8 @@ class _WeightNorm(nn.Module):
             init_g = lambda *_: jnp.ones((v.shape[-1],), jnp.float32)
         elif self.is_initializing():
             direction = weight_norm(v, 1.0, epsilon=self.epsilon)
-            mean, var = batch_moments(self._linear(x, direction).astype(jnp.float32), axis=-1)
-            g = jax.lax.rsqrt(var + self.data_init_epsilon)
-            init_g, init_bias = (lambda *_: g), -mean * g
+            g, init_bias = weight_norm_data_init(self._linear(x, direction), epsilon=self.data_init_epsilon)
+            init_g = lambda *_: g
         else:
             init_g = initializers.ones
         g = self.param(

@@ -28,7 +28,7 @@ from flax.typing import Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.functional import layers
 from jaxnorm.functional._checks import PNorm, canonical_axes, canonical_p, check_floating
-from jaxnorm.functional.stats import Calibration
+from jaxnorm.functional.stats import Calibration, check_batch_options
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
@@ -118,7 +118,7 @@ class BatchNorm(_Affine):
         virtual_batch_size: int | None = None,
         mean_only: bool = False,
     ):
-        self.p = canonical_p(p)
+        self.p = check_batch_options(p, topk, calibration, virtual_batch_size)
         self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
         self._init_affine(

@@ -25,12 +25,12 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
 from jaxnorm.functional.activation import normprop_relu
-from jaxnorm.functional.stats import batch_moments
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     scaled_weight_norm,
     unit_norm,
     weight_norm,
+    weight_norm_data_init,
     weight_standardization,
 )
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
@@ -159,17 +159,17 @@ class _WeightNorm:
         """Data-dependent initialisation (Salimans & Kingma 2016, Sec. 3) from the batch ``x``.
 
         With ``t = x * (v / ||v||)`` per output unit: ``g = 1 / sqrt(var(t) + data_init_epsilon)`` and
-        ``b = -mean(t) * g`` (``b`` only when ``use_bias``), so that the layer's pre-activations on ``x``
-        have zero mean and unit variance per unit. Sets ``scale`` and ``bias`` in place (``kernel`` is
+        ``b = -mean(t) * g`` (:func:`jaxnorm.functional.weight_norm_data_init`), so that the layer's
+        pre-activations on ``x`` have zero mean and unit variance per unit; with ``use_bias=False`` only
+        ``g`` is set: unit variance, the mean kept. Sets ``scale`` and ``bias`` in place (``kernel`` is
         untouched) and returns the layer's output on ``x`` with the new values, so a network can be
         initialised layer by layer. Works under ``nnx.jit``.
         """
         direction = weight_norm(self.kernel[...], 1.0, epsilon=self.epsilon)
-        mean, var = batch_moments(self._linear(x, direction).astype(jnp.float32), axis=-1)
-        g = jax.lax.rsqrt(var + self.data_init_epsilon)
+        g, bias = weight_norm_data_init(self._linear(x, direction), epsilon=self.data_init_epsilon)
         self.scale[...] = g.astype(self.param_dtype)
         if self.bias is not None:
-            self.bias[...] = (-mean * g).astype(self.param_dtype)
+            self.bias[...] = bias.astype(self.param_dtype)
         return self(x)
 
 
