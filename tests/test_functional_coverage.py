@@ -1,4 +1,4 @@
-"""Coverage the audit found missing from test_functional.py / test_nn.py / test_nnx.py.
+"""Exact L∞ calibration, float16 inputs, masked and ghost derivatives, linen's constructors vs flax.
 
 1. Exactly calibrated L∞ statistics, ``batch_stats(p="inf", calibration="exact")``, plain, top-k and
    masked, against the float64 NumPy oracle (``oracles.batch_moments(..., calibration="exact")``).
@@ -11,6 +11,7 @@
 4. The linen modules' dataclass fields against flax.linen's: every flax field exists with the same
    default (the linen counterpart of test_nnx.py's ``test_constructor_is_a_superset_of_flax``), in
    flax's positional order.
+5. L∞'s derivative with a masked element equal to the unmasked extreme: it gets no share of it.
 """
 
 import dataclasses
@@ -291,3 +292,17 @@ def test_linen_positional_fields_in_flax_order(name):
                               and f.name not in ("parent", "name")]
     theirs = positional(getattr(fnn, name))
     assert positional(getattr(jn, name))[: len(theirs)] == theirs
+
+
+def test_linf_derivative_ignores_a_masked_element_tied_with_the_extreme(x64):
+    """The tie count at the extreme takes unmasked elements only: the masked copy of the maximum gets no
+    gradient, and the others get that of the statistics of the unmasked elements alone."""
+    x = np.array([[5.0, 1.0], [1.0, -2.0], [2.0, 0.5], [5.0, 4.0], [0.0, 1.5]])
+    mask = np.ones(x.shape, bool)
+    mask[3, 0] = False  # an element equal to the column's unmasked maximum, 5.0, masked out
+    sigma = lambda a: jnp.sum(F.batch_stats(a, p="inf", mask=jnp.asarray(mask))[1] * jnp.array([1.0, 2.0]))
+    grad = np.asarray(jax.grad(sigma)(jnp.asarray(x)))
+    assert grad[3, 0] == 0
+    kept = np.delete(x[:, 0], 3)
+    want = jax.grad(lambda a: F.batch_stats(a[:, None], p="inf")[1][0])(jnp.asarray(kept))
+    np.testing.assert_allclose(np.delete(grad[:, 0], 3), want, rtol=1e-12)
