@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxnorm.models
 from jaxnorm.enorm import chain, discover, enorm_balance, multipliers
 from tests import enorm_models as models
 from tests.test_enorm_balance import resnet_c_spec
@@ -105,6 +106,16 @@ def test_bn_gamma_beta_are_producers_and_bn_input_is_not():
     assert not any(p[0].startswith("s") and p[1] == "kernel" for p in producers)
     left = {tuple(p): r for p, _, r in spec.left_out}
     assert "unscaled input" in left[("s0b0_conv1", "kernel")]
+
+
+def test_python_keyword_arguments_stay_static():
+    """``train=False`` reaches the model as a Python bool (a traced bool would fail in ``not train``)."""
+    model = jaxnorm.models.create("resnet18", num_classes=10, shortcut="C", width=4)
+    x = jnp.ones((2, 8, 8, 3))
+    variables = model.init(jax.random.key(0), x, train=False)
+    spec = discover(model.apply, variables, x, train=False)
+    bound = discover(functools.partial(model.apply, train=False), variables, x)
+    assert as_set(spec) == as_set(bound) and len(spec) > 0
 
 
 def test_final_bn_leaves_classifier_out():

@@ -132,6 +132,25 @@ def test_mimicry_follows_the_weight_decay_run(x64):
     assert np.max(np.abs(sched_out - ref_out)) < 0.25 * plain_error
 
 
+def test_reference_schedule_of_a_recording_with_unrecorded_leaves():
+    """``record_norms`` leaves ``None`` on biases; the schedule keeps them ``None`` and drives the kernels."""
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+    mask = {"w": True, "b": False}
+    recorder = record_norms(3, mask=mask)
+    state = recorder.init(params)
+    for scale in (1.0, 2.0, 3.0):
+        _, state = recorder.update(params, state, jax.tree.map(lambda p, s=scale: p * s, params))
+    assert state.norms["b"] is None
+    schedule = reference_schedule(state.norms)
+    row = schedule(jnp.asarray(0))
+    assert row["b"] is None
+    np.testing.assert_allclose(row["w"], 2.0 * np.sqrt(4.0))  # w(1): the second recorded row
+    tx = optax.chain(optax.sgd(0.1), norm_schedule(schedule, mask=mask))
+    updates, _ = tx.update(params, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(new["w"]), axis=0), 2.0 * np.sqrt(4.0), rtol=1e-6)
+
+
 def test_errors():
     params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
     with pytest.raises(ValueError, match="num_steps"):

@@ -177,12 +177,17 @@ def _layout(e: _Eqn, x: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
 def _build_graph(fn: Callable, params: PyTree, rest: tuple) -> tuple[_Graph, list, Any]:
     p_leaves, p_def = jax.tree_util.tree_flatten(params)
     r_leaves, r_def = jax.tree_util.tree_flatten(rest)
+    # arrays are traced; Python values (``train=False``, a string option) stay static, as in the call
+    traced = [isinstance(leaf, jax.Array | np.ndarray) for leaf in r_leaves]
 
-    def flat_fn(pl, rl):
+    def flat_fn(pl, tl):
+        arrays = iter(tl)
+        rl = [next(arrays) if is_traced else leaf for leaf, is_traced in zip(r_leaves, traced, strict=True)]
         args, kwargs = jax.tree_util.tree_unflatten(r_def, rl)
         return fn(jax.tree_util.tree_unflatten(p_def, pl), *args, **kwargs)
 
-    closed, out_tree = jax.make_jaxpr(flat_fn, return_shape=True)(p_leaves, r_leaves)
+    arrays = [leaf for leaf, is_traced in zip(r_leaves, traced, strict=True) if is_traced]
+    closed, out_tree = jax.make_jaxpr(flat_fn, return_shape=True)(p_leaves, arrays)
     out_names = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(out_tree)[0]]
     eqns, shapes, invars, outs = _flatten_jaxpr(closed)
     param_in = {v: i for i, v in enumerate(invars[: len(p_leaves)])}
@@ -767,7 +772,8 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
         inference mode (BN with running averages): batch statistics written to a mutable
         collection are outputs that scale.
       params: a params tree or a Flax variables dict (only ``"params"`` leaves are candidates).
-      *args, **kwargs: example inputs (only shapes and dtypes matter).
+      *args, **kwargs: example inputs (of arrays only shapes and dtypes matter); Python values such
+        as ``train=False`` are passed as they are.
 
     Returns:
       A :class:`~jaxnorm.enorm.spec.Spec`: the junctions, and in ``spec.left_out`` a

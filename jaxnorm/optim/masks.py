@@ -38,7 +38,8 @@ def scale_invariant_mask(apply_fn: Callable, variables: PyTree, *args: Any, **kw
         (training mode) and only the predictions should be returned, e.g.
         ``lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0]``.
       variables: a params tree or a Flax variables dict.
-      *args, **kwargs: example inputs (only shapes and dtypes matter).
+      *args, **kwargs: example inputs (of arrays only shapes and dtypes matter); Python values such
+        as ``train=False`` are passed as they are.
 
     Returns:
       A tree with the structure of the params (``variables["params"]`` for a variables dict),

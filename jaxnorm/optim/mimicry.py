@@ -119,11 +119,8 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
 
 
 def _reference_row(reference: PyTree, index: jax.Array) -> PyTree:
-    return jax.tree.map(
-        lambda r: r[jnp.clip(index, 0, r.shape[0] - 1)],
-        reference,
-        is_leaf=lambda x: x is None,
-    )
+    """Row ``index`` (clipped to the last) of each recorded leaf; ``None`` (unrecorded) leaves stay."""
+    return jax.tree.map(lambda r: r[jnp.clip(index, 0, r.shape[0] - 1)], reference)
 
 
 def _lookup(tree: Any, path: tuple) -> Any:

@@ -35,8 +35,9 @@ class ArraySource:
       arrays: ``{"image": (N, ...), "label": (N,)}`` (any keys; same first dimension).
       global_batch_size: examples per step over all processes.
       shuffle: reshuffle every epoch (train) or keep the order (eval).
-      drop_remainder: drop the last partial batch; otherwise it is padded with zeros and a float
-        ``mask`` key marks the real examples (eval).
+      drop_remainder: drop the last partial batch; otherwise it is filled up with copies of example 0
+        (real values: a model in training mode sees no artificial zeros) and a float ``mask`` key marks
+        the real examples (eval).
       seed: the shuffling seed.
       process_index, process_count: this process's slice of every global batch (default: jax's).
     """
