@@ -31,7 +31,7 @@ def setup():
 def setup32():
     model, params, x, y = setup()
     cast = lambda v: jnp.asarray(np.asarray(v, np.float32))
-    return model, jax.tree.map(cast, params), cast(x), cast(y)
+    return model.clone(dtype=jnp.float32), jax.tree.map(cast, params), cast(x), cast(y)
 
 
 def loss(model, params, x, y):
