@@ -13,6 +13,11 @@ import numpy as np
 L1 = math.sqrt(math.pi / 2)
 
 
+def normal(shape, seed=0, loc=0.0, scale=1.0, dtype=np.float64):
+    """Gaussian test data from NumPy's generator (float64 unless ``dtype`` says otherwise)."""
+    return np.random.default_rng(seed).normal(loc, scale, shape).astype(dtype)
+
+
 def linf_c(n):
     return (1 + math.sqrt(math.pi * math.log(4))) / (2 * math.sqrt(2 * math.log(max(n, 2))))
 

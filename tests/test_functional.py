@@ -11,14 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.test_util import check_grads
+from oracles import normal
 
 import jaxnorm.functional as F
 
 P_VALUES = [2, 1, "inf"]
 
-
-def _normal(shape, seed=0, loc=0.0, scale=1.0, dtype=np.float64):
-    return (np.random.default_rng(seed).normal(loc, scale, shape)).astype(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -28,7 +26,7 @@ def _normal(shape, seed=0, loc=0.0, scale=1.0, dtype=np.float64):
 @pytest.mark.parametrize("p", P_VALUES)
 @pytest.mark.parametrize("shape,axis", [((64, 5), -1), ((8, 6, 6, 4), 3), ((7, 3, 9), 1)])
 def test_batch_stats_matches_oracle(x64, p, shape, axis):
-    x = _normal(shape, loc=2.0, scale=3.0)
+    x = normal(shape, loc=2.0, scale=3.0)
     mean, sigma = F.batch_stats(jnp.asarray(x), p=p, axis=axis)
     want_mean, want_var = oracles.batch_moments(x, p, axis)
     np.testing.assert_allclose(mean, want_mean, rtol=1e-12, atol=1e-12)
@@ -37,20 +35,20 @@ def test_batch_stats_matches_oracle(x64, p, shape, axis):
 
 @pytest.mark.parametrize("k", [1, 3, 10])
 def test_topk_matches_oracle(x64, k):
-    x = _normal((40, 3, 5), seed=1)
+    x = normal((40, 3, 5), seed=1)
     _, sigma = F.batch_stats(jnp.asarray(x), p="inf", topk=k)
     _, want_var = oracles.batch_moments(x, "inf", -1, topk=k)
     np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=1e-12)
 
 
 def test_topk_1_is_max(x64):
-    x = jnp.asarray(_normal((50, 4), seed=2))
+    x = jnp.asarray(normal((50, 4), seed=2))
     np.testing.assert_allclose(F.batch_stats(x, p="inf", topk=1)[1], F.batch_stats(x, p="inf")[1], rtol=1e-14)
 
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_masked_stats_match_oracle(x64, p):
-    x = _normal((30, 6), seed=3)
+    x = normal((30, 6), seed=3)
     mask = np.random.default_rng(4).random((30, 6)) < 0.6
     mean, sigma = F.batch_stats(jnp.asarray(x), p=p, mask=jnp.asarray(mask))
     want_mean, want_var = oracles.batch_moments(x, p, -1, mask=mask)
@@ -63,7 +61,7 @@ def test_masked_stats_match_oracle(x64, p):
 def test_topk_over_many_rows_with_ties_matches_oracle(x64, k, masked):
     """Many rows take the two-stage top-k (block maxima, then the best k blocks); rounding to 0.1
     makes ties, within and across blocks, and the mask hides whole blocks."""
-    x = np.round(_normal((16, 8, 8, 3), seed=33, scale=2.0), 1)
+    x = np.round(normal((16, 8, 8, 3), seed=33, scale=2.0), 1)
     mask = np.random.default_rng(34).random(x.shape) < 0.7 if masked else None
     if masked:
         mask[:4] = False
@@ -79,9 +77,9 @@ def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
     through the gathered candidates and the mean) equals that of one ``top_k`` over every deviation."""
     from jaxnorm.functional import stats
 
-    x = jnp.asarray(_normal((16, 8, 8, 3), seed=37, scale=2.0))
+    x = jnp.asarray(normal((16, 8, 8, 3), seed=37, scale=2.0))
     mask = None if not masked else jnp.asarray(np.random.default_rng(38).random(x.shape) < 0.7)
-    ct = jnp.asarray(_normal((16, 8, 8, 3), seed=39))
+    ct = jnp.asarray(normal((16, 8, 8, 3), seed=39))
     loss = lambda x: jnp.sum(F.batch_norm(x, p="inf", topk=10, mask=mask) * ct)
     two_stage = jax.grad(loss)(x)
     monkeypatch.setattr(stats, "_TOPK_BLOCK", 1)  # blocks of one row: one top_k over every deviation
@@ -100,7 +98,7 @@ def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
 def test_extreme_through_a_wider_view_is_the_plain_max_and_min(shape, axes, dtype):
     from jaxnorm.functional.stats import _extreme
 
-    x = jnp.asarray(_normal(shape, seed=41), dtype)
+    x = jnp.asarray(normal(shape, seed=41), dtype)
     for op in (jnp.max, jnp.min):
         got = _extreme(x, axes, op)
         assert got.shape == op(x, axes, keepdims=True).shape
@@ -108,7 +106,7 @@ def test_extreme_through_a_wider_view_is_the_plain_max_and_min(shape, axes, dtyp
 
 
 def test_masked_topk_with_fewer_elements_than_k(x64):
-    x = _normal((12, 2), seed=5)
+    x = normal((12, 2), seed=5)
     mask = np.zeros((12, 2), bool)
     mask[:3, 0] = True  # 3 unmasked elements in feature 0, k = 5
     mask[:, 1] = True
@@ -120,7 +118,7 @@ def test_masked_topk_with_fewer_elements_than_k(x64):
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_batch_norm_matches_oracle(x64, p):
-    x = _normal((16, 4, 4, 8), seed=6, loc=-1.0, scale=0.5)
+    x = normal((16, 4, 4, 8), seed=6, loc=-1.0, scale=0.5)
     np.testing.assert_allclose(
         F.batch_norm(jnp.asarray(x), p=p), oracles.batch_norm(x, p), rtol=1e-10, atol=1e-12
     )
@@ -128,7 +126,7 @@ def test_batch_norm_matches_oracle(x64, p):
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_layer_group_instance_norm_match_oracles(x64, p):
-    x = _normal((3, 5, 5, 8), seed=7, loc=4.0, scale=2.0)
+    x = normal((3, 5, 5, 8), seed=7, loc=4.0, scale=2.0)
     xj = jnp.asarray(x)
     np.testing.assert_allclose(
         F.layer_norm(xj, p=p, axis=(1, 2, 3)), oracles.layer_norm(x, p), rtol=1e-10, atol=1e-12
@@ -138,13 +136,13 @@ def test_layer_group_instance_norm_match_oracles(x64, p):
 
 
 def test_group_norm_without_spatial_axes(x64):
-    x = _normal((6, 8), seed=8)
+    x = normal((6, 8), seed=8)
     np.testing.assert_allclose(F.group_norm(jnp.asarray(x), 2), oracles.group_norm(x, 2), rtol=1e-10)
 
 
 def test_rms_norm(x64):
-    x = _normal((5, 7), seed=9, loc=1.0)
-    scale = _normal((7,), seed=19)
+    x = normal((5, 7), seed=9, loc=1.0)
+    scale = normal((7,), seed=19)
     want = x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(F.rms_norm(jnp.asarray(x)), want, rtol=1e-12)
     np.testing.assert_allclose(F.rms_norm(jnp.asarray(x), scale=jnp.asarray(scale)), want * scale, rtol=1e-12)
@@ -153,7 +151,7 @@ def test_rms_norm(x64):
 
 
 def test_ghost_batch_norm_is_batch_norm_per_sub_batch(x64):
-    x = _normal((12, 3, 5), seed=10)
+    x = normal((12, 3, 5), seed=10)
     y = F.batch_norm(jnp.asarray(x), p=1, virtual_batch_size=4)
     for g in range(3):
         np.testing.assert_allclose(
@@ -162,15 +160,15 @@ def test_ghost_batch_norm_is_batch_norm_per_sub_batch(x64):
 
 
 def test_mean_only_batch_norm(x64):
-    x = _normal((10, 3), seed=11, loc=5.0)
+    x = normal((10, 3), seed=11, loc=5.0)
     np.testing.assert_allclose(
         F.batch_norm(jnp.asarray(x), mean_only=True), x - x.mean(0), rtol=1e-12, atol=1e-12
     )
 
 
 def test_weight_functions_match_oracles(x64):
-    v = _normal((3, 3, 4, 6), seed=12)
-    g = _normal((6,), seed=13)
+    v = normal((3, 3, 4, 6), seed=12)
+    g = normal((6,), seed=13)
     np.testing.assert_allclose(F.unit_norm(jnp.asarray(v)), oracles.unit_norms(v), rtol=1e-12)
     np.testing.assert_allclose(
         F.weight_norm(jnp.asarray(v), jnp.asarray(g)), oracles.weight_norm(v, g), rtol=1e-10
@@ -240,7 +238,7 @@ def test_exact_calibration_is_unbiased_on_gaussian_data(n):
 
 def test_cancellation_case_normalizes_to_unit_std():
     """float32, mean 1000, std 0.01: flax's fast variance gives 0 here; jaxnorm must give unit std."""
-    x = jnp.asarray(_normal((512, 8), seed=14, loc=1000.0, scale=0.01, dtype=np.float32))
+    x = jnp.asarray(normal((512, 8), seed=14, loc=1000.0, scale=0.01, dtype=np.float32))
     for fast in (True, False):
         y = F.batch_norm(x, use_fast_variance=fast, epsilon=1e-12)
         np.testing.assert_allclose(jnp.std(y, axis=0), 1.0, rtol=1e-3)
@@ -261,7 +259,7 @@ def test_float32_statistics_accurate_whatever_the_mean(p, offset):
     """Per-channel means of +-offset std: below CONDITION_LIMIT the one-pass raw sums are kept, above it
     (50, 1e5) the shifted pass runs; both must match float64 statistics of the same float32 data."""
     signs = np.array([1.0, -1.0, 0.5, -2.0, 1.5, -0.25])
-    x = (_normal((256, 6), seed=21) + offset * signs).astype(np.float32)
+    x = (normal((256, 6), seed=21) + offset * signs).astype(np.float32)
     p, topk = ("inf", 3) if p == "top3" else (p, None)
     mean, sigma = F.batch_stats(jnp.asarray(x), p=p, topk=topk)
     want_mean, want_var = oracles.batch_moments(x.astype(np.float64), p, topk=topk)
@@ -276,8 +274,8 @@ def test_float32_gradients_accurate_in_cancellation_case(p):
     """Mean 1000 std: the float32 gradient of batch norm equals the float64 one on the same data.
 
     (With the raw float32 sums, the variance would be off by ~6e-8 * 1000^2, i.e. 6 %.)"""
-    x = _normal((128, 4), seed=22, loc=1000.0, scale=1.0).astype(np.float32)
-    cotangent = _normal((128, 4), seed=23)
+    x = normal((128, 4), seed=22, loc=1000.0, scale=1.0).astype(np.float32)
+    cotangent = normal((128, 4), seed=23)
 
     def grad(x):
         ct = jnp.asarray(cotangent, x.dtype)
@@ -291,7 +289,7 @@ def test_float32_gradients_accurate_in_cancellation_case(p):
 
 def test_linf_gradient_shares_tied_extremes_equally(x64):
     """d max|x - mean| / dx_i = 1/|T| on the tied extremes T (far side of the mean) - 1/n: written out."""
-    x = _normal((10, 2), seed=24)
+    x = normal((10, 2), seed=24)
     x[[2, 7], 0] = 9.0  # two tied maxima, far above the mean
     x[[1, 4, 8], 1] = -6.0  # three tied minima, far below the mean
     got = jax.grad(lambda x: jnp.sum(F.batch_stats(x, p="inf")[1]))(jnp.asarray(x))
@@ -324,7 +322,7 @@ def test_l1_gradient_takes_minus_one_at_ties_with_the_mean(x64, masked):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 def test_vmap_over_differently_conditioned_inputs():
     """A batched cond predicate (one slice needs the shifted pass, one does not) gives per-slice results."""
-    xs = np.stack([_normal((64, 3), seed=25), _normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
+    xs = np.stack([normal((64, 3), seed=25), normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
     xs = jnp.asarray(xs.astype(np.float32))
     for p in P_VALUES:
         norm = functools.partial(F.batch_norm, p=p, epsilon=1e-12)
@@ -336,9 +334,9 @@ def test_vmap_over_differently_conditioned_inputs():
 def test_bf16_input_masked_stats_and_gradients_match_float32(p, topk):
     """bf16 input is widened once per reduction (separate reads): statistics and gradients equal those of
     the same values given in float32, masked or not."""
-    x = jnp.asarray(_normal((32, 3, 8), seed=31, loc=2.0, scale=1.5), jnp.bfloat16)
-    mask = jnp.asarray(_normal((32, 3, 1), seed=32) > -0.5)
-    cotangent = jnp.asarray(_normal((32, 3, 8), seed=33))
+    x = jnp.asarray(normal((32, 3, 8), seed=31, loc=2.0, scale=1.5), jnp.bfloat16)
+    mask = jnp.asarray(normal((32, 3, 1), seed=32) > -0.5)
+    cotangent = jnp.asarray(normal((32, 3, 8), seed=33))
     for m in (None, mask):
 
         def loss(x, m=m):
@@ -362,7 +360,7 @@ def test_bf16_input_masked_stats_and_gradients_match_float32(p, topk):
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_bf16_input_float32_stats_finite_output(p):
-    x = jnp.asarray(_normal((64, 4, 4, 16), seed=15, loc=3.0, scale=2.0), jnp.bfloat16)
+    x = jnp.asarray(normal((64, 4, 4, 16), seed=15, loc=3.0, scale=2.0), jnp.bfloat16)
     mean, var = F.batch_moments(x, p=p)
     assert mean.dtype == jnp.float32 and var.dtype == jnp.float32
     for y in (F.batch_norm(x, p=p), F.layer_norm(x, p=p), F.group_norm(x, 4, p=p)):
@@ -387,7 +385,7 @@ def test_constant_input_gives_finite_zero_output(p):
 
 @pytest.mark.parametrize("p", P_VALUES)
 def test_check_grads_activation(x64, p):
-    x = jnp.asarray(_normal((6, 3, 4), seed=16, loc=0.5))
+    x = jnp.asarray(normal((6, 3, 4), seed=16, loc=0.5))
     check_grads(lambda x: F.batch_norm(x, p=p), (x,), order=2 if p == 2 else 1, modes=["rev"], eps=1e-6)
     for f in (
         lambda x: F.layer_norm(x, p=p),
@@ -400,10 +398,10 @@ def test_check_grads_activation(x64, p):
 def test_check_grads_normalize(x64):
     """The written-out derivative of the affine output (per-feature statistics) and autodiff's
     (per-example statistics), both against finite differences, to second order."""
-    x = jnp.asarray(_normal((6, 3, 4), seed=27))
-    mean, var = jnp.asarray(_normal((1, 1, 4), seed=28)), jnp.asarray(np.exp(_normal((1, 1, 4), seed=29)))
-    scale, bias = jnp.asarray(_normal((4,), seed=30)), jnp.asarray(_normal((4,), seed=31))
-    row_var = jnp.asarray(np.exp(_normal((6, 3, 1), seed=32)))
+    x = jnp.asarray(normal((6, 3, 4), seed=27))
+    mean, var = jnp.asarray(normal((1, 1, 4), seed=28)), jnp.asarray(np.exp(normal((1, 1, 4), seed=29)))
+    scale, bias = jnp.asarray(normal((4,), seed=30)), jnp.asarray(normal((4,), seed=31))
+    row_var = jnp.asarray(np.exp(normal((6, 3, 1), seed=32)))
     for f, args in (
         (lambda x, m, v, s, b: F.normalize(x, m, v, scale=s, bias=b), (x, mean, var, scale, bias)),
         (lambda x, m, s: F.normalize(x, m, None, scale=s), (x, mean, scale)),
@@ -435,9 +433,9 @@ def _rms_norm_last_axis(x, scale, mask=None):
 def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
     """Layer and RMS norm over the last axis have a written-out JVP: finite differences to second order,
     and the same gradients as the general (autodiff) path, taken here through an all-true mask."""
-    x = jnp.asarray(_normal((6, 3, 4), seed=seed, loc=loc))
-    params = tuple(jnp.asarray(_normal((4,), seed=seed + 1 + i)) for i in range(num_params))
-    ct = jnp.asarray(_normal((6, 3, 4), seed=seed + 1 + num_params))
+    x = jnp.asarray(normal((6, 3, 4), seed=seed, loc=loc))
+    params = tuple(jnp.asarray(normal((4,), seed=seed + 1 + i)) for i in range(num_params))
+    ct = jnp.asarray(normal((6, 3, 4), seed=seed + 1 + num_params))
     argnums = tuple(range(1 + num_params))
 
     check_grads(norm, (x, *params), order=2, modes=["fwd", "rev"], eps=1e-6)
@@ -450,7 +448,7 @@ def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
 
 
 def test_check_grads_topk_ghost_masked(x64):
-    x = jnp.asarray(_normal((8, 5), seed=17))
+    x = jnp.asarray(normal((8, 5), seed=17))
     mask = jnp.asarray(np.random.default_rng(18).random((8, 5)) < 0.7)
     check_grads(lambda x: F.batch_norm(x, p="inf", topk=3), (x,), order=1, modes=["rev"], eps=1e-6)
     check_grads(lambda x: F.batch_norm(x, p=1, virtual_batch_size=4), (x,), order=1, modes=["rev"], eps=1e-6)
@@ -460,8 +458,8 @@ def test_check_grads_topk_ghost_masked(x64):
 
 
 def test_check_grads_weight(x64):
-    v = jnp.asarray(_normal((3, 4, 5), seed=19))
-    g = jnp.asarray(_normal((5,), seed=20))
+    v = jnp.asarray(normal((3, 4, 5), seed=19))
+    g = jnp.asarray(normal((5,), seed=20))
     check_grads(lambda v, g: F.weight_norm(v, g), (v, g), order=2, modes=["rev"], eps=1e-6)
     check_grads(lambda v, g: F.scaled_weight_norm(v, g), (v, g), order=1, modes=["rev"], eps=1e-6)
     check_grads(lambda v: F.bounded_weight_norm(v, 2.0), (v,), order=1, modes=["rev"], eps=1e-6)
@@ -482,8 +480,8 @@ def test_check_grads_weight(x64):
 def test_batch_norm_invariant_to_weight_scale_and_shift(scales, shift, p, seed):
     """BN(x W D + b) = BN(x W) for any positive per-unit scaling D and shift b: scale invariance."""
     with oracles.float64():
-        x = jnp.asarray(_normal((32, 6), seed=seed))
-        w = jnp.asarray(_normal((6, 4), seed=seed + 1))
+        x = jnp.asarray(normal((32, 6), seed=seed))
+        w = jnp.asarray(normal((6, 4), seed=seed + 1))
         base = F.batch_norm(x @ w, p=p, epsilon=0.0)
         scaled = F.batch_norm(x @ (w * jnp.asarray(scales)) + shift, p=p, epsilon=0.0)
         np.testing.assert_allclose(scaled, base, rtol=1e-8, atol=1e-8)
@@ -492,7 +490,7 @@ def test_batch_norm_invariant_to_weight_scale_and_shift(scales, shift, p, seed):
 @given(scale=st.floats(0.01, 100.0), p=st.sampled_from(P_VALUES), seed=st.integers(0, 2**16))
 def test_layer_and_group_norm_invariant_to_input_scale(scale, p, seed):
     with oracles.float64():
-        x = jnp.asarray(_normal((3, 4, 8), seed=seed))
+        x = jnp.asarray(normal((3, 4, 8), seed=seed))
         np.testing.assert_allclose(
             F.layer_norm(scale * x, p=p, epsilon=0.0), F.layer_norm(x, p=p, epsilon=0.0), rtol=1e-8, atol=1e-8
         )
@@ -506,7 +504,7 @@ def test_layer_and_group_norm_invariant_to_input_scale(scale, p, seed):
 
 @given(rho=st.floats(0.1, 10.0), seed=st.integers(0, 2**16))
 def test_projection_gives_requested_unit_norms(rho, seed):
-    v = jnp.asarray(_normal((3, 3, 2, 5), seed=seed, dtype=np.float32))
+    v = jnp.asarray(normal((3, 3, 2, 5), seed=seed, dtype=np.float32))
     np.testing.assert_allclose(F.unit_norm(F.project_to_norm(v, rho)), rho, rtol=1e-5)
 
 
@@ -546,7 +544,7 @@ def test_bad_input_raises_clear_error(call, error, match):
 
 
 def test_p_accepts_float_inf_string_and_numpy_scalars():
-    x = jnp.asarray(_normal((20, 3), seed=21, dtype=np.float32))
+    x = jnp.asarray(normal((20, 3), seed=21, dtype=np.float32))
     a = F.batch_norm(x, p=float("inf"))
     b = F.batch_norm(x, p="inf")
     c = F.batch_norm(x, p=jnp.inf)
@@ -558,7 +556,7 @@ def test_p_accepts_float_inf_string_and_numpy_scalars():
 
 
 def test_weight_norm_data_init_matches_oracle(x64):
-    t = _normal((6, 5, 5, 3), seed=23) * np.array([0.5, 2.0, 7.0]) + np.array([1.0, -3.0, 0.0])
+    t = normal((6, 5, 5, 3), seed=23) * np.array([0.5, 2.0, 7.0]) + np.array([1.0, -3.0, 0.0])
     g, b = F.weight_norm_data_init(jnp.asarray(t), epsilon=1e-5)
     flat = t.reshape(-1, 3)
     want_g = 1 / np.sqrt(flat.var(axis=0) + 1e-5)
@@ -569,7 +567,7 @@ def test_weight_norm_data_init_matches_oracle(x64):
 
 
 def test_functions_jit():
-    x = jnp.asarray(_normal((16, 8), seed=22, dtype=np.float32))
+    x = jnp.asarray(normal((16, 8), seed=22, dtype=np.float32))
     for p in P_VALUES:
         np.testing.assert_allclose(
             jax.jit(lambda x, p=p: F.batch_norm(x, p=p))(x), F.batch_norm(x, p=p), rtol=1e-6

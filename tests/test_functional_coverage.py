@@ -25,6 +25,7 @@ import oracles
 import pytest
 from flax import nnx
 from jax.test_util import check_grads
+from oracles import normal
 
 import jaxnorm
 import jaxnorm.functional as F
@@ -34,9 +35,6 @@ import jaxnorm.nnx as jnnx
 P_VALUES = [2, 1, "inf"]
 KEY = jax.random.key(0)
 
-
-def _normal(shape, seed=0, loc=0.0, scale=1.0, dtype=np.float64):
-    return (np.random.default_rng(seed).normal(loc, scale, shape)).astype(dtype)
 
 
 def _distinct(shape, seed, spread=2.0):
@@ -70,7 +68,7 @@ def _mask(shape, seed, keep=0.7):
 def test_exact_linf_stats_match_oracle(x64, shape, axis, topk):
     """sigma_hat = mean of the top-k |x - mu| / E[mean of the top-k of n |N(0,1)|] (``1 / E max`` for
     the max). (Each k costs a compilation of the quadrature's betainc: ~1 s, hence few cases.)"""
-    x = _normal(shape, seed=61, loc=-2.0, scale=3.0)
+    x = normal(shape, seed=61, loc=-2.0, scale=3.0)
     mean, sigma = jaxnorm.batch_stats(jnp.asarray(x), p="inf", topk=topk, axis=axis, calibration="exact")
     want_mean, want_var = oracles.batch_moments(x, "inf", axis, topk=topk, calibration="exact")
     np.testing.assert_allclose(mean, want_mean, rtol=1e-12, atol=1e-12)
@@ -80,7 +78,7 @@ def test_exact_linf_stats_match_oracle(x64, shape, axis, topk):
 @pytest.mark.parametrize(("shape", "topk"), [((30, 6), None), ((16, 8, 8, 3), 3)])
 def test_exact_linf_masked_stats_match_oracle(x64, shape, topk):
     """Masked: n is each feature's own count of unmasked elements (a different constant per feature)."""
-    x = _normal(shape, seed=62, loc=1.0, scale=2.0)
+    x = normal(shape, seed=62, loc=1.0, scale=2.0)
     mask = _mask(shape, seed=63, keep=0.6)
     if len(shape) == 4:
         mask[2:6] = False  # hide whole blocks of rows of the two-stage top-k
@@ -97,7 +95,7 @@ def test_exact_linf_masked_stats_match_oracle(x64, shape, topk):
 def test_exact_topk_with_fewer_unmasked_elements_than_k(x64):
     """3 unmasked elements, k = 5: the mean of all 3 deviations, whose expectation is E|Z| = sqrt(2/pi)
     for any n, so sigma_hat = mean|x - mu| / sqrt(2/pi). (The oracle's order-statistic sum needs k <= n.)"""
-    x = _normal((12, 2), seed=64)
+    x = normal((12, 2), seed=64)
     mask = np.zeros((12, 2), bool)
     mask[:3, 0] = True
     mask[:, 1] = True
@@ -116,7 +114,7 @@ def test_exact_topk_with_fewer_unmasked_elements_than_k(x64):
 def _f16(shape, seed, loc=20.0, scale=5.0):
     """float16 data with E[x^2] ~ 425: a sum of squares over 256 or more elements exceeds float16's
     largest finite value, 65504, so statistics accumulated in float16 would not be finite."""
-    return jnp.asarray(_normal(shape, seed=seed, loc=loc, scale=scale), jnp.float16)
+    return jnp.asarray(normal(shape, seed=seed, loc=loc, scale=scale), jnp.float16)
 
 
 def _assert_float16_rounding_of(y16, y32):
@@ -153,7 +151,7 @@ def test_float16_rms_norm_has_float32_statistics():
     """Values ~300: the mean square (~9e4) exceeds float16's largest finite value, 65504."""
     x = _f16((4, 16, 16, 8), seed=73, loc=300.0, scale=50.0)
     x32 = x.astype(jnp.float32)
-    scale = jnp.asarray(_normal((8,), seed=74, loc=1.0, scale=0.2), jnp.float32)
+    scale = jnp.asarray(normal((8,), seed=74, loc=1.0, scale=0.2), jnp.float32)
     mask = jnp.asarray(_mask((4, 16, 16, 8), seed=75))
     for norm in (
         lambda x: F.rms_norm(x),
