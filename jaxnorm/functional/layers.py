@@ -9,7 +9,6 @@ shells around one pure computation. Conventions follow flax: running averages ar
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -28,7 +27,6 @@ from jaxnorm.functional.stats import (
 
 __all__ = [
     "BatchNormOutput",
-    "batch_gives_statistics",
     "batch_norm_layer",
     "group_norm_layer",
     "layer_norm_layer",
@@ -143,18 +141,6 @@ def batch_norm_layer(
             batch_var.reshape(running_var.shape)
         )
     return BatchNormOutput(y, new_mean, new_var)
-
-
-def batch_gives_statistics(
-    shape: tuple[int, ...], feature_axes: tuple[int, ...], virtual_batch_size: int | None = None
-) -> bool:
-    """Whether a batch of ``shape`` has the 2 elements per feature (per ghost batch of
-    ``virtual_batch_size`` along axis 0) that batch statistics need."""
-    batch = shape[0] if virtual_batch_size is None else virtual_batch_size
-    if virtual_batch_size is not None and (virtual_batch_size < 1 or shape[0] % virtual_batch_size):
-        return False  # (an invalid virtual_batch_size is reported by batch_norm_layer's checks)
-    rest = [n for a, n in enumerate(shape) if a not in feature_axes and a != 0]
-    return (batch if 0 not in feature_axes else 1) * math.prod(rest) >= 2
 
 
 def layer_norm_layer(

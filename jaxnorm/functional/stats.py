@@ -419,8 +419,9 @@ def dispersion_moments(
     moments = _group_combine(moments, groups)
     # What L-inf needs besides the mean does not depend on it, so it joins the moments' collective:
     # the extremes max x and min x, or for top-k each device's k largest and k smallest values.
+    extremes = p == "inf" and not mean_only and topk is None
     extra = ()
-    if p == "inf" and not mean_only and topk is None:
+    if extremes:
         # max and min are exact in the input dtype: no widening (for bf16, none written to memory)
         extreme = lambda a, op: _extreme(a, axes, op).astype(moments.mean.dtype)
         high, low = _masked_extremes(deviation_source, mask, extreme)
@@ -428,11 +429,11 @@ def dispersion_moments(
     elif topk is not None and axis_name is not None:
         extra = _extreme_candidates(deviation_source, moments.count, axes, topk, mask)
     if axis_name is not None:
-        local_count = jnp.broadcast_to(moments.count, moments.mean.shape)
-        if topk is None and extra:  # the extremes of a device without elements are -inf / +inf
-            extra = tuple(jnp.where(local_count > 0, a, 0) for a in extra)
+        if extremes:  # a device without elements has extremes -inf / +inf: it sends 0 instead
+            occupied = jnp.broadcast_to(moments.count, moments.mean.shape) > 0
+            extra = tuple(jnp.where(occupied, a, 0) for a in extra)
         moments, device_counts, extra = _gather_combine(moments, axis_name, axis_index_groups, extra)
-        if topk is None and extra:
+        if extremes:
             high, low = extra
             occupied = device_counts > 0
             extra = (jnp.max(jnp.where(occupied, high, -jnp.inf), axis=0),
@@ -505,8 +506,7 @@ def _extreme(values: jnp.ndarray, axes: tuple[int, ...], op) -> jnp.ndarray:
     if width == 1:
         return op(values, axes, keepdims=True)
     partial = op(values.reshape(rows // width, width * features), axis=0)
-    keepdims_shape = tuple(1 if a in axes else n for a, n in enumerate(values.shape))
-    return op(partial.reshape(width, features), axis=0).reshape(keepdims_shape)
+    return op(partial.reshape(width, features), axis=0).reshape(_keepdims_shape(values, axes))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
@@ -730,7 +730,7 @@ def _largest_values(columns: jnp.ndarray, valid: jnp.ndarray | None, k: int, dty
         return entries if valid is None else jnp.where(valid, entries, -jnp.inf)
 
     def block_largest(blocks: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
-        return _masked_extremes(blocks, valid, lambda a, op: op(a, axis=1).astype(dtype))[0]
+        return jnp.max(blocks if valid is None else jnp.where(valid, blocks, -jnp.inf), axis=1).astype(dtype)
 
     return _two_stage_top_k(columns, valid, k, values, block_largest)
 
@@ -756,6 +756,25 @@ def check_batch_options(
     if virtual_batch_size is not None:
         check_positive_int(virtual_batch_size, "virtual_batch_size")
     return p
+
+
+def _statistics_size(
+    shape: tuple[int, ...], features: tuple[int, ...], virtual_batch_size: int | None
+) -> int:
+    """Elements per feature that batch statistics reduce over: every axis but ``features``, with axis 0
+    cut into ghost batches of ``virtual_batch_size``."""
+    batch = 1 if 0 in features else shape[0] if virtual_batch_size is None else virtual_batch_size
+    return batch * math.prod(n for a, n in enumerate(shape) if a != 0 and a not in features)
+
+
+def batch_gives_statistics(
+    shape: tuple[int, ...], features: tuple[int, ...], virtual_batch_size: int | None = None
+) -> bool:
+    """Whether a batch of ``shape`` (feature axes ``features``) has the 2 elements per feature (per
+    ghost batch of ``virtual_batch_size`` along axis 0) that :func:`batch_moments` needs."""
+    if virtual_batch_size is not None and (virtual_batch_size < 1 or shape[0] % virtual_batch_size):
+        return False  # (an invalid virtual_batch_size is reported by check_batch_options)
+    return _statistics_size(shape, features, virtual_batch_size) >= 2
 
 
 def ghost_batches(x: jnp.ndarray, virtual_batch_size: int) -> jnp.ndarray:
@@ -789,6 +808,7 @@ def batch_moments(
     p = check_batch_options(p, topk, calibration, virtual_batch_size)
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
+    size = _statistics_size(x.shape, features, virtual_batch_size)
     if virtual_batch_size is not None:
         if 0 in features:
             raise ValueError(
@@ -807,7 +827,6 @@ def batch_moments(
         mask = None if mask is None else ghost_batches(mask, virtual_batch_size)
         features = (0, *(a + 1 for a in features))
     reduce_axes = tuple(a for a in range(x.ndim) if a not in features)
-    size = math.prod(x.shape[a] for a in reduce_axes)
     if axis_name is None and size < 2:
         if virtual_batch_size is not None:
             raise ValueError(

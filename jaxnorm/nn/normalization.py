@@ -25,6 +25,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import layers
 from jaxnorm.functional._checks import PNorm, canonical_axes
+from jaxnorm.functional.stats import batch_gives_statistics
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
 
@@ -91,7 +92,7 @@ class BatchNorm(nn.Module):
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
-        if initializing and not layers.batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size):
+        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size):
             # init needs the shapes only: a dummy batch too small for batch statistics (one example,
             # or not a multiple of virtual_batch_size) is normalized with the initial running ones
             use_running_average = True
