@@ -47,7 +47,7 @@ def test_unknown_config_lists_the_choices(capsys):
         ("--config.parallel=dp", "parallel mode must be one of"),
         ("--config.precision=fp8", "precision must be one of"),
         ("--config.no_such_key=1", "no_such_key"),
-        ("--config.sweep.key=model.depth", "config has no field 'depth'"),
+        ("--config.sweep.key=model.dept", "did you mean config.model.kwargs.depth?"),
     ],
 )
 def test_bad_configs_fail_before_training_with_the_choices(capsys, override, message):
@@ -61,7 +61,7 @@ def test_bad_norm_error_lists_valid_norms(capsys):
     assert "run 'l3bn'" in err and "'linfbn'" in err and "'gn'" in err
     args = ["experiments", "fmnist_norms", "--config.sweep.key=", "--config.model.norm=l3bn"]
     assert cli.main(args) == 2
-    assert "config.model: norm must be one of" in capsys.readouterr().err
+    assert "config.model.norm must be one of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(cli.available()))
@@ -134,3 +134,115 @@ def test_pmap_model_twin_has_per_device_statistics():
     twin.apply(variables, x, train=True, mutable=["batch_stats"])
     with pytest.raises(NameError, match="batch"):  # unbound axis name outside pmap
         model.apply(variables, x, train=True, mutable=["batch_stats"])
+
+
+# ----------------------------------------------------------------- discovery and one-line errors
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+
+
+def test_show_prints_every_key_with_its_resolved_value(capsys):
+    args = ["experiments", "show", "fmnist_norms", "--config.optimizer.learning_rate=0.05"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    config = cli.load_config("fmnist_norms", [])
+    from jaxnorm.train.config_checks import dotted_items
+
+    for key, _ in dotted_items(config):
+        assert f"\n{key} = " in "\n" + out, key
+    assert "optimizer.learning_rate = 0.05" in out
+    assert "dataset.batch_size = 128" in out and "model.kwargs.depth = 3" in out
+    assert "bn_momentum" in out  # the model options it can also set
+
+
+def test_help_after_a_config_shows_its_keys(capsys):
+    assert cli.main(["experiments", "fmnist_norms", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "optimizer.warmup_steps = 100" in out
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--config.optimizer.lerning_rate=0.1", "did you mean config.optimizer.learning_rate?"),
+        ("--config.batch_size=64", "did you mean config.dataset.batch_size?"),
+        ("--config.eval_split=test", "did you mean config.dataset.eval_split?"),
+        ("--config.model.bn_mometum=0.8", "did you mean config.model.kwargs.bn_momentum?"),
+        ("--config.model.kwargs.widht=8", "did you mean config.model.kwargs.width?"),
+        ("--config.num_steps=1.5", "config.num_steps='1.5'"),
+        ("--config.optimizer.learning_rate=fast", "config.optimizer.learning_rate='fast'"),
+        ("--config.dataset.batch_size=0", "config.dataset.batch_size must be a positive int"),
+    ],
+)
+def test_config_errors_are_one_line_naming_the_key(capsys, override, message):
+    assert cli.main(["experiments", "fmnist_norms", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "\\" not in err  # no escaped quotes or newlines
+    assert message in err
+
+
+def test_model_options_not_in_the_config_are_set_by_dotted_keys():
+    config = cli.load_config(
+        "fmnist_norms", ["--config.model.bn_momentum=0.8", "--config.model.kwargs.final_bn=True"]
+    )
+    assert config.model.kwargs.bn_momentum == 0.8 and config.model.kwargs.final_bn is True
+    assert config.model.kwargs.depth == 3  # the listed options stay
+    with pytest.raises(ValueError, match=r"did you mean config\.model\.kwargs\.depth"):
+        cli.load_config("fmnist_norms", ["--config.model.kwargs.dept=2"])
+
+
+def test_a_sweep_reaches_model_options_not_in_the_config():
+    config = cli.load_config(
+        "fmnist_norms", ["--config.sweep.key=model.kwargs.bn_momentum", "--config.sweep.grid=(0.9, 0.99)"]
+    )
+    runs = experiment.expand_sweep(config)
+    assert [run.model.kwargs.bn_momentum for _, run in runs] == [0.9, 0.99]
+
+
+def test_a_missing_dataset_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXNORM_DATA_DIR", str(tmp_path))
+    args = ["experiments", "fmnist_norms", "--config.dataset.name=mnist", f"--config.workdir={tmp_path}/w"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: dataset 'mnist' is not prepared") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------- checks before any data is read
+def test_warmup_longer_than_the_run_fails_in_validate():
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", "--config.optimizer.warmup_steps=5000"])
+    with pytest.raises(ValueError, match=r"config.optimizer.warmup_steps=5000 must be in \[0, 3744\)"):
+        experiment.validate(config)
+
+
+def test_batch_that_does_not_fit_the_split_fails_in_validate():
+    config = cli.load_config(
+        "fmnist_norms", ["--config.sweep.key=", "--config.dataset.train_split=train[:100]"]
+    )
+    with pytest.raises(ValueError, match="exceeds the 100 examples"):
+        experiment.validate(config)
+
+
+def test_sweep_checks_every_run_before_any_trains(tmp_path):
+    """On 4 devices a batch of 126 cannot be split: the sweep stops before its first run trains (today
+    the 128 run trained first, after loading the data)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+    }
+    args = [
+        "--config.quick=True",
+        "--config.quick_steps=2",
+        "--config.sweep.key=dataset.batch_size",
+        "--config.sweep.grid=(128, 126)",
+        f"--config.workdir={tmp_path}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", "fmnist_norms", *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: run '126': config.dataset.batch_size=126 must be divisible")
+    assert proc.stderr.count("\n") == 1
+    assert not (tmp_path / "128").exists()  # nothing trained

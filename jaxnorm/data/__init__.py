@@ -5,10 +5,11 @@ Debian package ``dataset-fashion-mnist``; :func:`load` calls it when needed.
 """
 
 from jaxnorm.data.augment import center_crop, random_crop, random_flip
-from jaxnorm.data.catalog import AUGMENTATIONS, DatasetInfo, info, names
+from jaxnorm.data.catalog import AUGMENTATIONS, DatasetInfo, info, names, resolve_augment
 from jaxnorm.data.fashion_mnist import prepare_fashion_mnist
 from jaxnorm.data.paths import DATA_DIR_ENV, DatasetNotFoundError, resolve_data_dir
 from jaxnorm.data.pipeline import ArrayDataset, Dataset, load, standardize
+from jaxnorm.data.tfds_io import check_prepared
 
 __all__ = [
     "AUGMENTATIONS",
@@ -18,12 +19,14 @@ __all__ = [
     "DatasetInfo",
     "DatasetNotFoundError",
     "center_crop",
+    "check_prepared",
     "info",
     "load",
     "names",
     "prepare_fashion_mnist",
     "random_crop",
     "random_flip",
+    "resolve_augment",
     "resolve_data_dir",
     "standardize",
 ]

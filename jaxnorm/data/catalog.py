@@ -75,6 +75,19 @@ image + flip, center 28 x 28 crops for evaluation (Stock et al. 2019, Sec. 6.2);
 ``inception_crop_flip`` = ImageNet random-resized crops + flip (Szegedy et al. 2015)."""
 
 
+def resolve_augment(name: str, augment: str | None) -> str:
+    """The augmentation dataset ``name`` uses for ``augment`` (``None``: its default); ``ValueError``
+    for an unknown one or one that does not apply to this dataset."""
+    augment = spec(name).default_augment if augment is None else augment
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"augment must be one of {sorted(AUGMENTATIONS)}, got {augment!r}")
+    if (augment == "inception_crop_flip") != (name == "imagenet2012"):
+        raise ValueError(
+            f"augment={augment!r} does not apply to {name}: ImageNet uses "
+            "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop'")
+    return augment
+
+
 def names() -> tuple[str, ...]:
     """The dataset names :func:`jaxnorm.data.load` accepts."""
     return tuple(_SPECS)

@@ -181,14 +181,7 @@ def load(
         the download it needs.
     """
     spec = catalog.spec(name)
-    augment = spec.default_augment if augment is None else augment
-    if augment not in catalog.AUGMENTATIONS:
-        raise ValueError(
-            f"augment must be one of {sorted(catalog.AUGMENTATIONS)}, got {augment!r}")
-    if (augment == "inception_crop_flip") != (name == "imagenet2012"):
-        raise ValueError(
-            f"augment={augment!r} does not apply to {name}: ImageNet uses "
-            "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop'")
+    augment = catalog.resolve_augment(name, augment)
     if process_index is None or process_count is None:
         import jax
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
 
 from jaxnorm.data import fashion_mnist
 from jaxnorm.data.catalog import missing_error
+from jaxnorm.data.paths import resolve_data_dir
 
 
 @functools.cache
@@ -38,6 +40,19 @@ def builder(name: str, data_dir: Path):
         fashion_mnist.prepare_fashion_mnist(data_dir)
         ds_builder = tfds.builder(name, data_dir=str(data_dir))
     return ds_builder
+
+
+def check_prepared(name: str, data_dir: str | os.PathLike | None = None) -> None:
+    """Raises :class:`~jaxnorm.data.DatasetNotFoundError` (saying how to get it) unless ``name`` is
+    prepared under ``data_dir`` (default: :func:`~jaxnorm.data.resolve_data_dir`'s) or, for
+    ``fashion_mnist``, can be prepared offline. Looks at files only (no TensorFlow): runners call
+    it before they load any data."""
+    data_dir = resolve_data_dir(data_dir)
+    if any((Path(data_dir) / name).glob("**/dataset_info.json")):
+        return
+    if name == "fashion_mnist" and Path(fashion_mnist.DEFAULT_SOURCE_DIR).is_dir():
+        return
+    raise missing_error(name, data_dir)
 
 
 def as_dataset(ds_builder, split: str, **kwargs):

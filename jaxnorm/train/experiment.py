@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxnorm.train import plots
+from jaxnorm.train import config_checks, plots
 from jaxnorm.train.loop import RunResult, default_config, train
 from jaxnorm.train.optimizers import make_optimizer
 from jaxnorm.train.precision import compute_dtype
@@ -70,16 +70,26 @@ def experiment_defaults() -> ml_collections.ConfigDict:
 
 
 def _set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets ``config.<key>`` (a dotted key) to ``value``. ``model.kwargs.<option>`` may name any
+    option the model takes, listed in the config or not; another unknown key raises ``ValueError``
+    naming ``config.sweep.key`` and the closest valid key."""
     *parents, leaf = key.split(".")
+    if parents == ["model", "kwargs"] and leaf not in (config.model.get("kwargs", {}) or {}):
+        if f"{config_checks.MODEL_KWARGS}.{leaf}" in config_checks.settable_keys(config):
+            with config.unlocked():
+                config.model.kwargs = {**dict(config.model.get("kwargs", {}) or {}), leaf: value}
+            return
+    try:
+        config_checks.lookup(config, key)
+    except KeyError as e:
+        candidates = config_checks.settable_keys(config)
+        raise ValueError(
+            f"config.sweep.key={key!r}: the config has no key config.{key}"
+            f"{config_checks.suggestion(key, candidates)}"
+        ) from e
     node = config
     for part in parents:
-        if part not in node:
-            raise ValueError(f"config.sweep.key={key!r}: config has no field {part!r}")
         node = node[part]
-    if leaf not in node:
-        raise ValueError(
-            f"config.sweep.key={key!r}: config has no field {leaf!r}; valid: {sorted(node.keys())}"
-        )
     with node.unlocked():
         node[leaf] = value
 
@@ -168,17 +178,31 @@ def build_data(config: Mapping[str, Any]):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Checks the parts of a run config that are cheap to check, with the valid choices."""
+    """Checks everything about a run config that needs no data, with one-line messages naming the
+    key: precision, parallelism, dataset name, augmentation and availability, model name and options,
+    batch sizes against the device and process counts, run length against ``warmup_steps``, and the
+    optimizer. The experiment runner calls it for every run of a sweep before any of them trains
+    (whether the dataset is prepared: :func:`jaxnorm.data.check_prepared`, which the command line
+    runs first)."""
     from jaxnorm import data
 
     compute_dtype(config.precision)
     parallel = DataParallel(config.parallel)
-    if config.dataset.name not in data.names():
+    ds = config.dataset
+    if ds.name not in data.names():
         raise ValueError(
-            f"config.dataset.name must be one of {list(data.names())}, got {config.dataset.name!r}"
+            f"config.dataset.name must be one of {list(data.names())}, got {ds.name!r}"
+            + config_checks.suggestion_for_choice(ds.name, data.names(), "dataset.name")
         )
-    build_model(config, data.info(config.dataset.name).num_classes, parallel)
-    make_optimizer(config.optimizer, 10**9, checking=True)  # run length checked at run time
+    try:
+        data.resolve_augment(ds.name, ds.augment or None)
+    except ValueError as e:
+        raise ValueError(f"config.dataset.augment: {e}") from e
+    config_checks.check_model_options(config)
+    config_checks.check_batch_sizes(config, parallel.num_devices, jax.process_count())
+    steps = config_checks.check_run_length(config)
+    build_model(config, data.info(ds.name).num_classes, parallel)
+    make_optimizer(config.optimizer, steps or 10**9, checking=True)  # 10**9: length known once read
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:

@@ -1,0 +1,214 @@
+"""Checks of an experiment config that run before any data is loaded, with one-line messages.
+
+Every message names the offending key as ``config.<dotted.key>`` and, for an unknown key, suggests
+the closest valid one among *all* dotted keys of the config (``batch_size`` -> ``dataset.batch_size``),
+not only the siblings. :func:`check_run` holds the checks of one run of a sweep that need no data:
+the experiment runner calls it (through ``validate``) for every run before the first one trains.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+MODEL_KWARGS = "model.kwargs"
+"""Where a run's model options live; ``--config.model.<option>`` is a shorthand for it."""
+
+
+def _is_node(value: Any) -> bool:
+    """A nested part of a config: a mapping or a ``ConfigDict`` (which is not a ``Mapping``)."""
+    return isinstance(value, Mapping) or (hasattr(value, "items") and hasattr(value, "unlocked"))
+
+
+def dotted_items(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` for every leaf of ``config`` (nested mappings are walked), in order."""
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if _is_node(value) and len(value):
+            yield from dotted_items(value, path + ".")
+        else:
+            yield path, value
+
+
+def dotted_keys(config: Mapping[str, Any]) -> list[str]:
+    """Every dotted key of ``config``: its leaves and the nodes above them."""
+    keys = []
+    for path, _ in dotted_items(config):
+        parts = path.split(".")
+        keys.extend(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return list(dict.fromkeys(keys))
+
+
+def closest(key: str, candidates: Sequence[str]) -> list[str]:
+    """The candidates ``key`` most likely meant: the whole key compared first, then its last part
+    against each candidate's last part (so a key given at the wrong level is still found)."""
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return same_leaf
+    whole = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    if whole:
+        return whole
+    leaves = {c.rsplit(".", 1)[-1]: c for c in candidates}
+    near = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.7)
+    return [c for c in candidates if c.rsplit(".", 1)[-1] in near]
+
+
+def suggestion(key: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean config.a.b?"`` (or ``" or "``-joined choices), or ``""`` if nothing is close."""
+    matches = closest(key, candidates)
+    if not matches:
+        return ""
+    return "; did you mean " + " or ".join(f"config.{m}" for m in matches) + "?"
+
+
+def lookup(config: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted ``key``; ``KeyError`` (one line, with a suggestion) if there is none."""
+    node: Any = config
+    for i, part in enumerate(key.split(".")):
+        if not _is_node(node) or part not in node:
+            missing = ".".join(key.split(".")[: i + 1])
+            raise KeyError(f"the config has no key config.{missing}{suggestion(key, dotted_keys(config))}")
+        node = node[part]
+    return node
+
+
+def model_option_names(model_name: str) -> tuple[str, ...]:
+    """Every keyword option model ``model_name`` accepts in ``config.model.kwargs`` (its own options
+    and the normalization options), sorted; ``ValueError`` for an unknown model."""
+    from jaxnorm import models
+
+    return tuple(sorted({*models.model_options(model_name), *models.NORM_OPTIONS}))
+
+
+def settable_keys(config: Mapping[str, Any], model_name: str | None = None) -> list[str]:
+    """Every dotted key of ``config`` plus ``model.kwargs.<option>`` for each option of the model
+    (``model_name``, default ``config.model.name``; none for an unknown model): the keys an override
+    or a sweep may set."""
+    keys = dotted_keys(config)
+    if "model" not in config:
+        return keys
+    try:
+        options = model_option_names(model_name or config.model.name)
+    except ValueError:
+        return keys
+    return list(dict.fromkeys(keys + [f"{MODEL_KWARGS}.{o}" for o in options]))
+
+
+def check_model_options(config: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming ``config.model.kwargs.<option>`` for an option the model does
+    not take, with the closest valid option."""
+    from jaxnorm import models
+
+    name = config.model.name
+    if name not in models.names():
+        raise ValueError(
+            f"config.model.name must be one of {list(models.names())}, got {name!r}"
+            f"{suggestion_for_choice(name, models.names(), 'model.name')}"
+        )
+    if config.model.norm not in models.NORMS:
+        raise ValueError(
+            f"config.model.norm must be one of {list(models.NORMS)}, got {config.model.norm!r}"
+            f"{suggestion_for_choice(config.model.norm, models.NORMS, 'model.norm')}"
+        )
+    valid = model_option_names(name)
+    for option in dict(config.model.get("kwargs", {}) or {}):
+        if option not in valid:
+            near = difflib.get_close_matches(option, valid, n=1, cutoff=0.6)
+            hint = f"; did you mean config.{MODEL_KWARGS}.{near[0]}?" if near else ""
+            raise ValueError(
+                f"config.{MODEL_KWARGS}.{option}: model {name!r} has no option {option!r}{hint} "
+                f"(valid: {', '.join(valid)})"
+            )
+
+
+def suggestion_for_choice(value: Any, choices: Sequence[str], key: str) -> str:
+    """``"; did you mean config.<key>='<closest choice>'?"``, or ``""`` if no choice is close."""
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean config.{key}={near[0]!r}?" if near else ""
+
+
+_SLICE = re.compile(r"^(\w+)\[(-?\d*)(%?):(-?\d*)(%?)\]$")
+
+
+def split_size(dataset: str, split: str) -> int | None:
+    """Examples in ``split`` of ``dataset`` from the catalog alone (no data read): plain splits,
+    ``validation`` / ``train_minus_validation`` and ``[a:b]`` slices (counts or percents);
+    ``None`` where it cannot tell (other TFDS split syntax)."""
+    from jaxnorm.data import catalog
+
+    spec = catalog.spec(dataset)
+    info = spec.info
+    sizes = {info.train_split: info.num_train_examples, info.eval_split: info.num_eval_examples}
+    if spec.num_validation:
+        sizes["validation"] = spec.num_validation
+        sizes["train_minus_validation"] = info.num_train_examples - spec.num_validation
+    if split in sizes:
+        return sizes[split]
+    match = _SLICE.match(split.replace(" ", ""))
+    if not match or match.group(1) not in sizes:
+        return None
+    n = sizes[match.group(1)]
+
+    def bound(text: str, percent: str, default: int) -> int:
+        if not text:
+            return default
+        value = int(text) * n // 100 if percent else int(text)
+        return max(0, min(n, value + n if value < 0 else value))
+
+    start, stop = bound(match.group(2), match.group(3), 0), bound(match.group(4), match.group(5), n)
+    return max(0, stop - start)
+
+
+def planned_steps(config: Mapping[str, Any]) -> int | None:
+    """The run length in steps as the loop will compute it (``num_steps``, or ``num_epochs`` times
+    the steps per epoch of the train split); ``None`` where the split's size is unknown here."""
+    steps = int(config.get("num_steps", 0) or 0)
+    if steps > 0:
+        return steps
+    examples = split_size(config.dataset.name, config.dataset.train_split)
+    if examples is None:
+        return None
+    per_epoch = examples // int(config.dataset.batch_size)
+    return round(float(config.get("num_epochs", 1.0)) * per_epoch)
+
+
+def check_batch_sizes(config: Mapping[str, Any], num_devices: int, num_processes: int) -> None:
+    """Raises unless both batch sizes are positive and split evenly over devices and processes, and
+    the train batch fits in the train split."""
+    ds = config.dataset
+    for key in ("batch_size", "eval_batch_size"):
+        size = ds[key]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"config.dataset.{key} must be a positive int, got {size!r}")
+        for count, what in ((num_devices, "devices"), (num_processes, "processes")):
+            if size % count:
+                raise ValueError(
+                    f"config.dataset.{key}={size} must be divisible by the number of {what} ({count}); "
+                    f"e.g. --config.dataset.{key}={max(count, size - size % count)}"
+                )
+    examples = split_size(ds.name, ds.train_split)
+    if examples is not None and ds.batch_size > examples:
+        raise ValueError(
+            f"config.dataset.batch_size={ds.batch_size} exceeds the {examples} examples of "
+            f"config.dataset.train_split={ds.train_split!r}"
+        )
+
+
+def check_run_length(config: Mapping[str, Any]) -> int | None:
+    """Raises unless the run has steps and ``optimizer.warmup_steps`` is shorter than the run;
+    returns the run length in steps (``None`` if it is only known once the data is read)."""
+    steps = planned_steps(config)
+    if steps is not None and steps < 1:
+        raise ValueError(
+            f"the run has no steps: config.num_steps={config.get('num_steps', 0)}, "
+            f"config.num_epochs={config.get('num_epochs', 1.0)}; set either one higher"
+        )
+    warmup = int(config.optimizer.get("warmup_steps", 0) or 0)
+    if steps is not None and not 0 <= warmup < steps:
+        raise ValueError(
+            f"config.optimizer.warmup_steps={warmup} must be in [0, {steps}) (the run has {steps} steps)"
+        )
+    return steps
