@@ -200,7 +200,7 @@ def show(config) -> str:
     try:
         options = model_option_names(base.model.name)
         lines.append(
-            f"# model {base.model.name!r} also takes (--config.model.<option>=value): {', '.join(options)}"
+            f"# model {base.model.name!r} takes (--config.model.<option>=value): {', '.join(options)}"
         )
     except ValueError:
         pass

@@ -178,6 +178,99 @@ def test_cifar_nv_crops_and_eval_padding():
     assert plain.image_shape == (32, 32, 3)
 
 
+def test_eval_padding_is_masked_copies_of_real_examples():
+    """The last partial batch is filled up with copies of its own real examples (mask 0), the same in
+    every source: no zero images, labels of real classes."""
+    with mock(50):
+        test = data.load("cifar10", "test", batch_size=16, train=False, drop_remainder=False)
+        last = list(test)[-1]
+    real = int(last["mask"].sum())
+    assert real == 2
+    for i in range(real, 16):
+        np.testing.assert_array_equal(last["image"][i], last["image"][i % real])
+        assert last["label"][i] == last["label"][i % real]
+
+
+# ---------------------------------------------------------------- one in-memory source
+def test_one_in_memory_source_for_the_loop_and_the_pipelines():
+    from jaxnorm import train
+
+    assert train.ArraySource is data.ArraySource
+    assert issubclass(data.ArrayDataset, data.ArraySource)
+    assert "EpochFnSource" not in train.__all__ and not hasattr(train, "EpochFnSource")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_array_source_pads_with_masked_copies_and_splits_over_processes(shuffle):
+    arrays = {"image": np.arange(10.0)[:, None] + 1, "label": np.arange(10)}
+    whole = list(data.ArraySource(arrays, 4, shuffle=shuffle, drop_remainder=False, seed=2,
+                                  process_index=0, process_count=1).epoch(3))
+    parts = [list(data.ArraySource(arrays, 4, shuffle=shuffle, drop_remainder=False, seed=2,
+                                   process_index=i, process_count=2).epoch(3)) for i in range(2)]
+    assert [b["mask"].tolist() for b in whole] == [[1.0] * 4, [1.0] * 4, [1.0, 1.0, 0.0, 0.0]]
+    last = whole[-1]
+    np.testing.assert_array_equal(last["image"][2:], last["image"][:2])  # copies, not zeros
+    seen = np.concatenate([b["label"][b["mask"] > 0] for b in whole])
+    assert sorted(seen.tolist()) == list(range(10))  # every example once
+    for full, a, b in zip(whole, *parts, strict=True):
+        for key in full:
+            np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), full[key])
+
+
+def test_eval_metrics_are_exact_with_a_last_partial_batch():
+    """Loss and accuracy over 100 examples in batches of 32 (4 examples in the last) equal the
+    one-batch numbers: the mask keeps the padding copies out."""
+    import flax.linen as nn
+    import jax
+    import optax
+
+    from jaxnorm.train import ArraySource, DataParallel, create_train_state, evaluate, make_eval_step
+
+    rng = np.random.default_rng(0)
+    arrays = {"image": rng.normal(size=(100, 4, 4, 1)).astype(np.float32),
+              "label": rng.integers(0, 3, 100).astype(np.int32)}
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train=False):
+            return nn.Dense(3)(x.reshape(len(x), -1))
+
+    model = Net()
+    state = create_train_state(model.init, optax.sgd(0.1), jax.random.PRNGKey(0), arrays["image"][:1])
+    parallel = DataParallel("jit")
+    eval_step = parallel.compile_eval_step(make_eval_step(model.apply))
+    state = parallel.place_state(state)
+    batched = evaluate(parallel, eval_step, state, ArraySource(arrays, 32, shuffle=False,
+                                                               drop_remainder=False))
+    whole = evaluate(parallel, eval_step, state, ArraySource(arrays, 100, shuffle=False))
+    assert batched["accuracy"] == pytest.approx(whole["accuracy"], abs=1e-7)
+    assert batched["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+
+
+def test_no_import_cycle_in_the_data_package():
+    """No module of jaxnorm.data imports (at any level, function bodies included) one that imports
+    it back, directly or through others."""
+    import ast
+
+    package = Path(data.__file__).parent
+    graph = {}
+    for path in package.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jaxnorm.data"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                imported.update(n.rsplit(".", 1)[-1] for n in names if n.count(".") == 2)
+        graph[path.stem] = imported & {p.stem for p in package.glob("*.py")}
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n)))
+                   for n in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m)] == []
+
+
 def test_validation_split_is_carved_from_train():
     assert data.pipeline.tfds_split("cifar10", "validation") == "train[-10000:]"
     assert data.pipeline.tfds_split("cifar10", "train_minus_validation") == "train[:-10000]"

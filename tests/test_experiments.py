@@ -171,6 +171,7 @@ def test_help_after_a_config_shows_its_keys(capsys):
         ("--config.num_steps=1.5", "config.num_steps='1.5'"),
         ("--config.optimizer.learning_rate=fast", "config.optimizer.learning_rate='fast'"),
         ("--config.dataset.batch_size=0", "config.dataset.batch_size must be a positive int"),
+        ("--config.model.bn_momentum=2x", "config.model.kwargs.bn_momentum must be a float"),
     ],
 )
 def test_config_errors_are_one_line_naming_the_key(capsys, override, message):

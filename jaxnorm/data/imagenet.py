@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxnorm.data import tfds_io
-from jaxnorm.data.pipeline import Batch, Dataset
+from jaxnorm.data.base import Batch, Dataset
 
 IMAGE_SIZE = 224
 CROP_PADDING = 32  # evaluation: central crop of 224 / (224 + 32) of the shorter side
@@ -110,10 +110,10 @@ class ImageNetDataset(Dataset):
                     "mask": tf.ones((), tf.float32)}
 
         ds = ds.enumerate().map(process, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if not self.drop_remainder:
-            pad = {"image": tf.zeros((IMAGE_SIZE, IMAGE_SIZE, 3)), "label": tf.zeros((), tf.int32),
-                   "mask": tf.zeros((), tf.float32)}
-            ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat(self.batch_size - 1))
+        if not self.drop_remainder:  # fill the last batch up with masked copies of real examples
+            copies = ds.take(self.batch_size - 1).map(
+                lambda example: {**example, "mask": tf.zeros((), tf.float32)})
+            ds = ds.concatenate(copies)
         ds = ds.batch(self.batch_size, drop_remainder=True).take(self.steps_per_epoch)
         return ds.prefetch(self.prefetch_size or tf.data.AUTOTUNE)
 

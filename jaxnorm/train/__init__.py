@@ -4,7 +4,7 @@ Import cost: pulls in optax, orbax and matplotlib; ``import jaxnorm`` does not i
 """
 
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal
-from jaxnorm.train.data import ArraySource, BatchSource, EpochFnSource
+from jaxnorm.train.data import ArraySource, BatchSource
 from jaxnorm.train.loop import RunResult, default_config, evaluate, total_steps, train
 from jaxnorm.train.metrics import MetricsWriter, layer_unit_norms, read_jsonl, weight_norm_metrics
 from jaxnorm.train.optimizers import (
@@ -31,7 +31,6 @@ __all__ = [
     "BatchSource",
     "Checkpointer",
     "DataParallel",
-    "EpochFnSource",
     "LossScale",
     "MetricsWriter",
     "RunResult",

@@ -114,7 +114,8 @@ def check_model_options(config: Mapping[str, Any]) -> None:
             f"{suggestion_for_choice(config.model.norm, models.NORMS, 'model.norm')}"
         )
     valid = model_option_names(name)
-    for option in dict(config.model.get("kwargs", {}) or {}):
+    for option, value in dict(config.model.get("kwargs", {}) or {}).items():
+        _check_norm_option_type(option, value)
         if option not in valid:
             near = difflib.get_close_matches(option, valid, n=1, cutoff=0.6)
             hint = f"; did you mean config.{MODEL_KWARGS}.{near[0]}?" if near else ""
@@ -122,6 +123,29 @@ def check_model_options(config: Mapping[str, Any]) -> None:
                 f"config.{MODEL_KWARGS}.{option}: model {name!r} has no option {option!r}{hint} "
                 f"(valid: {', '.join(valid)})"
             )
+
+
+def _check_norm_option_type(option: str, value: Any) -> None:
+    """Raises unless ``value`` has the type of the normalization option's default (an int passes for
+    a float); options whose default is ``None`` or a callable are not checked here."""
+    import inspect
+
+    from jaxnorm import models
+
+    parameter = inspect.signature(models.norm_layers).parameters.get(option)
+    if parameter is None or option == "norm" or parameter.default is None:
+        return
+    expected = type(parameter.default)
+    if expected not in (int, float, str, bool):
+        return
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(
+            f"config.{MODEL_KWARGS}.{option} must be a {expected.__name__} (default "
+            f"{parameter.default!r}), got {value!r}"
+        )
 
 
 def suggestion_for_choice(value: Any, choices: Sequence[str], key: str) -> str:
