@@ -152,6 +152,8 @@ def test_show_prints_every_key_with_its_resolved_value(capsys):
     assert "optimizer.learning_rate = 0.05" in out
     assert "dataset.batch_size = 128" in out and "model.kwargs.depth = 3" in out
     assert "bn_momentum" in out  # the model options it can also set
+    assert cli.main(["experiments", "show", "fmnist_norms", "--config.quick=True"]) == 0
+    assert "num_steps = 10" in capsys.readouterr().out  # resolved: the smoke test's values
 
 
 def test_help_after_a_config_shows_its_keys(capsys):
