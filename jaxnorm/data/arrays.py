@@ -118,10 +118,13 @@ class ArraySource(Dataset):
     def batch(self, order: np.ndarray, epoch: int, step: int) -> Batch:
         """This process's slice of global batch ``step`` of ``epoch`` (visiting ``order``)."""
         idx, real = padded_indices(order, step, self.global_batch_size)
-        rng = np.random.default_rng([self.seed, epoch, step])
-        batch = self._process({k: v[idx] for k, v in self.arrays.items()}, rng)
         mine = slice(self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size)
-        local = {k: v[mine] for k, v in batch.items()}
+        if self.transform is None:  # gather this process's rows only
+            local = {k: v[idx[mine]] for k, v in self.arrays.items()}
+        else:  # the transform sees the global batch: its random draws do not depend on the process count
+            rng = np.random.default_rng([self.seed, epoch, step])
+            batch = self._process({k: v[idx] for k, v in self.arrays.items()}, rng)
+            local = {k: v[mine] for k, v in batch.items()}
         if not self.drop_remainder:
             local["mask"] = (np.arange(self.global_batch_size) < real).astype(np.float32)[mine]
         return local
