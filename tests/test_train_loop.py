@@ -237,7 +237,7 @@ def test_scale_invariant_wrapper_under_pmap_traces_the_per_device_twin():
 def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
     """The loop's mask for the Norm-matters wrappers: the conv of a BN net; a clear error under pmap
     and for a net without BN, rather than a mask that silently selects no kernel."""
-    from jaxnorm.train.loop import _scale_invariant_mask
+    from jaxnorm.train.setup import scale_invariant_mask_for as _scale_invariant_mask
 
     images = _data(8)["image"]
     expected = {

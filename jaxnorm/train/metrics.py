@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,11 +63,15 @@ def _jsonable(value: Any) -> Any:
 class MetricsWriter:
     """Appends ``{"step": s, "split": ..., **metrics}`` records to ``path`` (JSON lines).
 
+    Every record carries ``wall_time`` (Unix seconds when it was written).
+
     Args:
       path: the ``.jsonl`` file; its directory is created.
-      tensorboard_dir: if set, scalars also go to TensorBoard (needs ``tensorflow``).
+      tensorboard_dir: if set, scalars also go to TensorBoard (needs ``tensorflow``; viewing them
+        needs the ``tensorboard`` package).
       resume_step: when resuming, records with ``step > resume_step`` (written after the checkpoint
-        that is being resumed) are dropped so the file reads as one uninterrupted run.
+        that is being resumed) are dropped so the file reads as one uninterrupted run; the
+        TensorBoard directory is rewritten from the kept records, so it never holds a step twice.
       enabled: ``False`` on non-primary processes of a multi-host run (nothing written).
 
     Attributes:
@@ -94,6 +101,9 @@ class MetricsWriter:
                 f.writelines(json.dumps(r) + "\n" for r in self.previous)
         self._file = open(path, "a")
         if tensorboard_dir:
+            # one run, one event stream: records after the resumed checkpoint are dropped from
+            # TensorBoard as from the JSONL file by writing the kept ones afresh
+            shutil.rmtree(tensorboard_dir, ignore_errors=True)
             try:
                 import tensorflow as tf
             except ImportError as e:
@@ -105,26 +115,34 @@ class MetricsWriter:
             self._tb_metadata = tf.compat.v1.SummaryMetadata(
                 plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
             )
+            for record in self.previous:
+                self._write_tensorboard(record)
 
-    def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> None:
-        """Writes one record now (flushed, so a killed run keeps everything written so far)."""
-        if not self.enabled:
-            return
-        record = {"step": int(step), "split": split}
+    def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> dict[str, Any]:
+        """Writes one record now (the JSONL file is flushed, so a killed run keeps everything
+        written so far); returns the record."""
+        record = {"step": int(step), "split": split, "wall_time": round(time.time(), 3)}
         record.update({k: _jsonable(v) for k, v in metrics.items()})
+        if not self.enabled:
+            return record
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            with self._tb.as_default():
-                for k, v in record.items():
-                    if k not in ("step", "split") and isinstance(v, int | float):
-                        self._tf.summary.write(
-                            f"{split}/{k}",
-                            self._tf.constant(v, self._tf.float32),
-                            step=int(step),
-                            metadata=self._tb_metadata,
-                        )
-            self._tb.flush()
+            self._write_tensorboard(record)
+        return record
+
+    def _write_tensorboard(self, record: Mapping[str, Any]) -> None:
+        """The record's numbers as scalars ``<split>/<name>`` (flushed by TensorBoard's own writer
+        thread and on close, not per record: a flush per record costs a file write per step)."""
+        with self._tb.as_default():
+            for k, v in record.items():
+                if k not in ("step", "split", "wall_time") and isinstance(v, int | float):
+                    self._tf.summary.write(
+                        f"{record['split']}/{k}",
+                        self._tf.constant(v, self._tf.float32),
+                        step=int(record["step"]),
+                        metadata=self._tb_metadata,
+                    )
 
     def close(self) -> None:
         if not self.enabled:
@@ -152,10 +170,46 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def progress_bar(*, total: int, initial: int, enabled: bool) -> Any:
-    """A tqdm bar over ``total`` steps starting at ``initial`` (``None`` when disabled)."""
+def progress_bar(*, total: int, initial: int, enabled: bool, stream: Any = None) -> Any:
+    """A tqdm bar over ``total`` steps starting at ``initial`` on ``stream`` (default stderr);
+    ``None`` when disabled.
+
+    On a terminal the bar redraws in place; when ``stream`` is not a terminal (a log file, a batch
+    job's output) a carriage-return bar would fill the log with partial lines, so a
+    :class:`LogProgress` prints one plain line at most every minute instead.
+    """
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    stream = sys.stderr if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return LogProgress(total=total, initial=initial, stream=stream)
+    from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, dynamic_ncols=True, leave=False, unit="step")
+    return tqdm(total=total, initial=initial, file=stream, dynamic_ncols=True, leave=False, unit="step")
+
+
+class LogProgress:
+    """Progress for logs: ``step s/total (p%) <postfix>`` lines, at most one per ``interval``
+    seconds and one at the end; the subset of tqdm's interface the loop uses."""
+
+    def __init__(self, *, total: int, initial: int, stream: Any, interval: float = 60.0):
+        self.total, self.n, self.stream, self.interval = total, initial, stream, interval
+        self._postfix = ""
+        self._last = time.monotonic()
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        self._postfix = " ".join(f"{k}={v}" for k, v in values.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last >= self.interval:
+            self._print()
+
+    def _print(self) -> None:
+        self._last = time.monotonic()
+        pct = 100.0 * self.n / max(self.total, 1)
+        self.stream.write(f"step {self.n}/{self.total} ({pct:.0f}%) {self._postfix}".rstrip() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._print()
