@@ -109,8 +109,10 @@ def test_extension_is_explicit_and_keeps_the_schedule(tmp_path):
     """Issue 16.1: raising num_steps silently restarted the cosine schedule (the lr jumped back up).
     Now it needs on_existing='extend', and past the original 8 steps the lr holds the schedule's end
     value; the first 8 steps are untouched."""
-    cosine = {**SHORT, "optimizer": {"name": "momentum", "learning_rate": 0.2, "schedule": "cosine",
-                                      "end_value": 0.01}}
+    cosine = {
+        **SHORT,
+        "optimizer": {"name": "momentum", "learning_rate": 0.2, "schedule": "cosine", "end_value": 0.01},
+    }
     _train(cosine, tmp_path)
     before = [r["lr"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     longer = {**cosine, "num_steps": 12}
@@ -133,8 +135,12 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous_one(finished, t
     workdir = tmp_path / "run"
     shutil.copytree(finished[0], workdir)
     os.remove(workdir / "summary.json")  # as if killed right after the last save
-    metadata = [os.path.join(d, f) for d, _, files in os.walk(workdir / "checkpoints" / "8") for f in files
-                if f == "_METADATA"]
+    metadata = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(workdir / "checkpoints" / "8")
+        for f in files
+        if f == "_METADATA"
+    ]
     assert metadata
     for path in metadata:
         open(path, "w").close()  # truncated

@@ -95,8 +95,10 @@ class Checkpointer:
     def _set_aside(self, steps: list[int], primary: bool) -> None:
         if primary:
             for step in steps:
-                os.replace(os.path.join(self.directory, str(step)),
-                           os.path.join(self.directory, f"unreadable-{step}"))
+                os.replace(
+                    os.path.join(self.directory, str(step)),
+                    os.path.join(self.directory, f"unreadable-{step}"),
+                )
         sync_processes("jaxnorm_checkpoint_set_aside")
         self._manager.reload()
 

@@ -102,8 +102,15 @@ def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str
                 values = _smooth(values, max(1, len(values) // 50))
             style = _LINESTYLES[i % len(_LINESTYLES)]
             marker = "o" if split == "eval" and len(values) <= 30 else None
-            ax.plot(steps, values, color=_color(i), linestyle=style, marker=marker, markersize=3,
-                    label=name or split)
+            ax.plot(
+                steps,
+                values,
+                color=_color(i),
+                linestyle=style,
+                marker=marker,
+                markersize=3,
+                label=name or split,
+            )
             drawn.append(values)
         _zoom(ax, drawn)
         ax.set_title(f"{split} {ylabel}" + (" (smoothed)" if split == "train" else ""), fontsize="medium")
