@@ -186,13 +186,37 @@ def _describe(differences: Mapping[str, tuple[Any, Any]], limit: int = 8) -> str
     return "; ".join(items[:limit]) + more
 
 
+def check_workdir(workdir: str, config: Any) -> None:
+    """The checks of :func:`plan_run` that need no run length: raises ``ValueError`` if ``workdir``
+    holds a run that ``config`` may not continue (another experiment, no record, or
+    ``on_existing='error'``). An experiment runner calls it for every run of a sweep before any
+    trains."""
+    on_existing = config.get("on_existing", "resume")
+    if on_existing not in ON_EXISTING:
+        raise ValueError(f"config.on_existing must be one of {ON_EXISTING}, got {on_existing!r}")
+    if on_existing == "restart" or not has_checkpoint(workdir):
+        return
+    if on_existing == "error":
+        raise ValueError(f"{workdir} already holds a run (config.on_existing='error'); " + _way_out(workdir))
+    old = read_json(os.path.join(workdir, RUN_FILE))
+    if old is None:
+        raise ValueError(
+            f"{workdir} holds checkpoints but no readable {RUN_FILE} (written by an older jaxnorm or "
+            f"another program), so it cannot be told whether it is this experiment; " + _way_out(workdir)
+        )
+    differences = config_differences(old.get("config", {}), config)
+    if differences:
+        raise ValueError(
+            f"{workdir} holds a different experiment ({_describe(differences)}); " + _way_out(workdir)
+        )
+
+
 def plan_run(workdir: str, config: Any, total_steps: int) -> RunPlan:
     """Decides, from ``workdir``'s run record and ``config.on_existing``, whether this session
     starts a new run, resumes or extends the recorded one, or restarts it; raises ``ValueError``
     (naming the differing keys and the way out) when the workdir holds another experiment."""
+    check_workdir(workdir, config)
     on_existing = config.get("on_existing", "resume")
-    if on_existing not in ON_EXISTING:
-        raise ValueError(f"config.on_existing must be one of {ON_EXISTING}, got {on_existing!r}")
     old = read_json(os.path.join(workdir, RUN_FILE))
     session = {"started": now(), **environment()}
     new_record = {
@@ -205,18 +229,6 @@ def plan_run(workdir: str, config: Any, total_steps: int) -> RunPlan:
         return RunPlan("new", total_steps, new_record, None)
     if on_existing == "restart":
         return RunPlan("restart", total_steps, new_record, None)
-    if on_existing == "error":
-        raise ValueError(f"{workdir} already holds a run (config.on_existing='error'); " + _way_out(workdir))
-    if old is None:
-        raise ValueError(
-            f"{workdir} holds checkpoints but no readable {RUN_FILE} (written by an older jaxnorm or "
-            f"another program), so it cannot be told whether it is this experiment; " + _way_out(workdir)
-        )
-    differences = config_differences(old.get("config", {}), config)
-    if differences:
-        raise ValueError(
-            f"{workdir} holds a different experiment ({_describe(differences)}); " + _way_out(workdir)
-        )
     recorded_steps = int(old["total_steps"])
     schedule_steps = int(old.get("schedule_steps", recorded_steps))
     record = {**old, "config": config_dict(config), "sessions": [*old.get("sessions", []), session]}
