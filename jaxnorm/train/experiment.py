@@ -284,9 +284,7 @@ def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict
             json.dump(results, f, indent=2)
         with open(os.path.join(workdir, "results.md"), "w") as f:
             f.write(table + "\n")
-        title = plots.settings_title(base)
-        if base.sweep.key:
-            title = f"{title} · runs: {base.sweep.key}"
+        title = plots.settings_title(base, varied=base.sweep.key)
         paths = plots.plot_runs(histories, workdir, title=title)
         print_fn(table)
         print_fn("plots: " + ", ".join(paths))

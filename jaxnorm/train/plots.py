@@ -57,26 +57,29 @@ def _finish(fig, ax, ylabel: str, path: str, *, log: bool = False, fontsize: str
     return path
 
 
-def settings_title(config: Mapping[str, Any]) -> str:
-    """One line naming a run's settings: model, norm, optimizer, learning rate and schedule, batch
-    size, precision, parallelism, length, seed (the keys a config has)."""
-    parts = []
+def settings_title(config: Mapping[str, Any], *, varied: str = "") -> str:
+    """One line naming a run's settings: model, norm, optimizer, learning rate and schedule, weight
+    decay, dataset and batch size, length, precision, seed (those the config has). ``varied``: a
+    dotted key that differs between the plotted runs (a sweep's key); it is named instead of its value."""
     model = config.get("model") or {}
-    if model:
-        parts.append(f"{model.get('name', '')} {model.get('norm', '')}".strip())
     opt = config.get("optimizer") or {}
-    if opt:
-        lr, schedule = opt.get("learning_rate", ""), opt.get("schedule", "")
-        parts.append(f"{opt.get('name', '')} lr {lr} {schedule}".strip())
-        if opt.get("weight_decay"):
-            parts.append(f"wd {opt.get('weight_decay')}")
     dataset = config.get("dataset") or {}
-    if dataset:
-        parts.append(f"{dataset.get('name', '')} batch {dataset.get('batch_size', '')}")
-    steps = config.get("num_steps") or f"{config.get('num_epochs', '')} epochs"
-    parts.append(f"{steps} steps" if isinstance(steps, int) else str(steps))
-    parts += [str(config.get("precision", "")), f"seed {config.get('seed', '')}"]
-    return " · ".join(p for p in parts if p)
+    steps = config.get("num_steps") or 0
+    parts = [
+        ("model.name", model.get("name", "")),
+        ("model.norm", model.get("norm", "")),
+        ("optimizer.name", opt.get("name", "")),
+        ("optimizer.learning_rate", f"lr {opt['learning_rate']}" if "learning_rate" in opt else ""),
+        ("optimizer.schedule", opt.get("schedule", "")),
+        ("optimizer.weight_decay", f"wd {opt['weight_decay']}" if opt.get("weight_decay") else ""),
+        ("dataset.name", dataset.get("name", "")),
+        ("dataset.batch_size", f"batch {dataset['batch_size']}" if "batch_size" in dataset else ""),
+        ("num_steps", f"{steps} steps" if steps else f"{config.get('num_epochs', '')} epochs"),
+        ("precision", str(config.get("precision", ""))),
+        ("seed", f"seed {config.get('seed', '')}"),
+    ]
+    text = " · ".join(str(value) for key, value in parts if value and key != varied)
+    return f"{text} · runs differ in {varied}" if varied else text
 
 
 def _zoom(ax, series: list[list[float]]) -> None:
