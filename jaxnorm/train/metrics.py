@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -60,6 +61,57 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class _EventFile:
+    """A TensorBoard event file written record by record: one ``Event`` protocol buffer per metrics
+    record, its numbers as ``<split>/<name>`` scalars, appended with TensorFlow's TFRecord writer.
+
+    Building the protos in Python costs microseconds per record; ``tf.summary.write`` costs an eager
+    TensorFlow op per scalar, which on a small model is a large fraction of the step. Everything
+    written before a resume is rewritten from the JSONL records kept, so the directory never holds a
+    step twice (TensorBoard shows every event file of a directory as one run).
+    """
+
+    def __init__(self, directory: str):
+        try:
+            import tensorflow as tf
+        except ImportError as e:
+            raise ImportError("tensorboard logging needs tensorflow (pip install tensorflow-cpu)") from e
+        self._tf = tf
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.jaxnorm"
+        self._writer = tf.io.TFRecordWriter(os.path.join(directory, name))
+        self._append(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._unflushed = 0
+
+    def _append(self, event: Any) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        summary = self._tf.compat.v1.Summary
+        values = [
+            summary.Value(tag=f"{record['split']}/{k}", simple_value=float(v))
+            for k, v in record.items()
+            if k not in ("step", "split", "wall_time") and isinstance(v, int | float)
+        ]
+        event = self._tf.compat.v1.Event(
+            wall_time=record.get("wall_time", time.time()),
+            step=int(record["step"]),
+            summary=summary(value=values),
+        )
+        self._append(event)
+        self._unflushed += 1
+        if self._unflushed >= 100 or record["split"] != "train":
+            self.flush()
+
+    def flush(self) -> None:
+        self._writer.flush()
+        self._unflushed = 0
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Appends ``{"step": s, "split": ..., **metrics}`` records to ``path`` (JSON lines).
 
@@ -101,22 +153,9 @@ class MetricsWriter:
                 f.writelines(json.dumps(r) + "\n" for r in self.previous)
         self._file = open(path, "a")
         if tensorboard_dir:
-            # one run, one event stream: records after the resumed checkpoint are dropped from
-            # TensorBoard as from the JSONL file by writing the kept ones afresh
-            shutil.rmtree(tensorboard_dir, ignore_errors=True)
-            try:
-                import tensorflow as tf
-            except ImportError as e:
-                raise ImportError("tensorboard logging needs tensorflow (pip install tensorflow-cpu)") from e
-            self._tf = tf
-            self._tb = tf.summary.create_file_writer(tensorboard_dir)
-            # The metadata TensorBoard's scalars plugin reads; written directly so that the
-            # `tensorboard` package itself is not needed to log.
-            self._tb_metadata = tf.compat.v1.SummaryMetadata(
-                plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
-            )
+            self._tb = _EventFile(tensorboard_dir)
             for record in self.previous:
-                self._write_tensorboard(record)
+                self._tb.write(record)
 
     def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> dict[str, Any]:
         """Writes one record now (the JSONL file is flushed, so a killed run keeps everything
@@ -128,21 +167,8 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            self._write_tensorboard(record)
+            self._tb.write(record)
         return record
-
-    def _write_tensorboard(self, record: Mapping[str, Any]) -> None:
-        """The record's numbers as scalars ``<split>/<name>`` (flushed by TensorBoard's own writer
-        thread and on close, not per record: a flush per record costs a file write per step)."""
-        with self._tb.as_default():
-            for k, v in record.items():
-                if k not in ("step", "split", "wall_time") and isinstance(v, int | float):
-                    self._tf.summary.write(
-                        f"{record['split']}/{k}",
-                        self._tf.constant(v, self._tf.float32),
-                        step=int(record["step"]),
-                        metadata=self._tb_metadata,
-                    )
 
     def close(self) -> None:
         if not self.enabled:
