@@ -21,6 +21,9 @@ Fashion-MNIST-shaped arrays held in memory) for every candidate:
   as TensorBoard scalars); its cost is the median of paired ratios against the plain loop run.
 * ``data only``: iterating the ``ArraySource`` without training.
 
+It also times ``MetricsWriter.write`` alone, per record, with and without TensorBoard (the writer's
+own cost, free of the step's noise).
+
 Step-level candidates are timed in alternation (``_timing.py``); loop runs are interleaved with
 them, and medians over repeats are reported. Target (issue 5): jaxnorm loop >= 0.95x hand loop.
 """
@@ -49,6 +52,24 @@ from jaxnorm.train import (
 )
 
 LOOP_TARGET = 0.95
+
+
+def writer_microseconds(tensorboard: bool, records: int = 2000) -> float:
+    """Microseconds per ``MetricsWriter.write`` of a train record (loss, accuracy, lr)."""
+    import os
+
+    from jaxnorm.train.metrics import MetricsWriter
+
+    record = {"loss": 0.5, "accuracy": 0.9, "lr": 0.1}
+    with tempfile.TemporaryDirectory() as d:
+        tb_dir = os.path.join(d, "tb") if tensorboard else None
+        writer = MetricsWriter(os.path.join(d, "metrics.jsonl"), tensorboard_dir=tb_dir)
+        writer.write(0, record)
+        start = time.perf_counter()
+        for step in range(1, records + 1):
+            writer.write(step, record)
+        writer.close()
+        return (time.perf_counter() - start) / records * 1e6
 
 
 def _hand_step(model, tx):
@@ -198,6 +219,13 @@ def main(argv=None) -> int:
         f"tensorboard=True costs {100 * tb_cost:+.1f} % of the loop's step time (median of pairs)\n"
         f"input pipeline alone: {ips(merged['data only']):.0f} images/s vs the step's "
         f"{ips(merged['hand step']):.0f}"
+    )
+    plain = statistics.median(writer_microseconds(False) for _ in range(3))
+    with_tb = statistics.median(writer_microseconds(True) for _ in range(3))
+    share = 100 * (with_tb - plain) * 1e-6 / loop_step
+    print(
+        f"metrics writer per record: {plain:.0f} us JSONL only, {with_tb:.0f} us with tensorboard "
+        f"({with_tb - plain:.0f} us for TensorBoard, {share:.1f} % of a loop step)"
     )
     return 0 if verdict == "PASS" or args.quick else 1
 
