@@ -17,7 +17,12 @@ Fashion-MNIST-shaped arrays held in memory) for every candidate:
 * ``jaxnorm loop``: ``jaxnorm.train.train`` for ``n`` steps (metrics to JSONL every step, fetched
   every 50, weight norms at log steps, checkpoint and SIGTERM checks every step, tqdm off); its
   per-step time is from the run's own throughput clock (after the first, compiling step).
+* ``jaxnorm loop + tensorboard``: the same with ``tensorboard=True`` (every record also written
+  as TensorBoard scalars); its cost is the median of paired ratios against the plain loop run.
 * ``data only``: iterating the ``ArraySource`` without training.
+
+It also times ``MetricsWriter.write`` alone, per record, with and without TensorBoard (the writer's
+own cost, free of the step's noise).
 
 Step-level candidates are timed in alternation (``_timing.py``); loop runs are interleaved with
 them, and medians over repeats are reported. Target (issue 5): jaxnorm loop >= 0.95x hand loop.
@@ -47,6 +52,24 @@ from jaxnorm.train import (
 )
 
 LOOP_TARGET = 0.95
+
+
+def writer_microseconds(tensorboard: bool, records: int = 2000) -> float:
+    """Microseconds per ``MetricsWriter.write`` of a train record (loss, accuracy, lr)."""
+    import os
+
+    from jaxnorm.train.metrics import MetricsWriter
+
+    record = {"loss": 0.5, "accuracy": 0.9, "lr": 0.1}
+    with tempfile.TemporaryDirectory() as d:
+        tb_dir = os.path.join(d, "tb") if tensorboard else None
+        writer = MetricsWriter(os.path.join(d, "metrics.jsonl"), tensorboard_dir=tb_dir)
+        writer.write(0, record)
+        start = time.perf_counter()
+        for step in range(1, records + 1):
+            writer.write(step, record)
+        writer.close()
+        return (time.perf_counter() - start) / records * 1e6
 
 
 def _hand_step(model, tx):
@@ -141,9 +164,10 @@ def main(argv=None) -> int:
         "optimizer": {"name": "momentum", "learning_rate": 0.05, "momentum": 0.9},
     }
 
-    def loop_step_seconds(n):
+    def loop_step_seconds(n, tensorboard=False):
         with tempfile.TemporaryDirectory() as workdir:
-            result = train({**config, "num_steps": n}, model=model, train_data=source, workdir=workdir)
+            run_config = {**config, "num_steps": n, "tensorboard": tensorboard}
+            result = train(run_config, model=model, train_data=source, workdir=workdir)
         return b / result.summary["images_per_second"]
 
     def hand_data_step_seconds(n):
@@ -154,16 +178,18 @@ def main(argv=None) -> int:
         jax.block_until_ready(loss)
         return (time.perf_counter() - start) / n
 
-    loop_times, hand_data_times, step_timings = [], [], []
+    loop_times, hand_data_times, step_timings, tb_times = [], [], [], []
     n = args.steps
     for _ in range(args.repeats):
         loop_times.append(loop_step_seconds(n))
+        tb_times.append(loop_step_seconds(n, tensorboard=True))
         hand_data_times.append(hand_data_step_seconds(n))
         step_timings.append(time_interleaved(steps, repeats=3, min_sample_seconds=0.1))
     merged = {name: statistics.median(t.median for t in (s[name] for s in step_timings)) for name in steps}
     merged["hand loop + data"] = statistics.median(hand_data_times)
     loop_step = statistics.median(loop_times)
     loop_vs_hand = statistics.median(h / lo for h, lo in zip(hand_data_times, loop_times, strict=True))
+    tb_cost = statistics.median(t / lo for t, lo in zip(tb_times, loop_times, strict=True)) - 1.0
     ratio_fixed = statistics.median(paired_ratio(s["hand step"], s["jaxnorm step"]) for s in step_timings)
 
     def ips(seconds):
@@ -176,7 +202,11 @@ def main(argv=None) -> int:
     )
     print("| candidate | ms / step | images / s | vs hand step |")
     print("| --- | --- | --- | --- |")
-    rows = [*((k, v) for k, v in merged.items() if k != "data only"), ("jaxnorm loop", loop_step)]
+    rows = [
+        *((k, v) for k, v in merged.items() if k != "data only"),
+        ("jaxnorm loop", loop_step),
+        ("jaxnorm loop + tensorboard", statistics.median(tb_times)),
+    ]
     for name, seconds in rows:
         ratio = merged["hand step"] / seconds
         print(f"| {name} | {seconds * 1e3:.3f} | {ips(seconds):.0f} | {ratio:.3f}x |")
@@ -186,8 +216,16 @@ def main(argv=None) -> int:
         f"\njaxnorm step vs hand step (paired, same fixed batch): {ratio_fixed:.3f}x\n"
         f"jaxnorm loop vs hand loop + data (median of adjacent pairs): {loop_vs_hand:.3f}x "
         f"(target >= {LOOP_TARGET}: {verdict})\n"
+        f"tensorboard=True costs {100 * tb_cost:+.1f} % of the loop's step time (median of pairs)\n"
         f"input pipeline alone: {ips(merged['data only']):.0f} images/s vs the step's "
         f"{ips(merged['hand step']):.0f}"
+    )
+    plain = statistics.median(writer_microseconds(False) for _ in range(3))
+    with_tb = statistics.median(writer_microseconds(True) for _ in range(3))
+    share = 100 * (with_tb - plain) * 1e-6 / loop_step
+    print(
+        f"metrics writer per record: {plain:.0f} us JSONL only, {with_tb:.0f} us with tensorboard "
+        f"({with_tb - plain:.0f} us for TensorBoard, {share:.1f} % of a loop step)"
     )
     return 0 if verdict == "PASS" or args.quick else 1
 

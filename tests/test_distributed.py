@@ -81,6 +81,26 @@ MULTI_HOST = COMMON + textwrap.dedent(
     """
 )
 
+MULTI_HOST_CHECKPOINT = COMMON + textwrap.dedent(
+    """
+    initialize_distributed(f"localhost:{sys.argv[4]}", 2, int(sys.argv[3]))
+    mode = sys.argv[5]
+
+    def run_in_workdir(steps, on_existing):
+        config = {**CONFIG, "num_steps": steps, "checkpoint_every": 1, "plots": False,
+                  "on_existing": on_existing}
+        model = models.create("mlp", num_classes=3, norm="bn", depth=2, width=16,
+                              axis_name="batch" if mode == "pmap" else None)
+        source = ArraySource({"image": X, "label": Y}, 64, seed=0)
+        return train(config, model=model, train_data=source, parallel=DataParallel(mode),
+                     workdir=os.path.join(out, "run_" + mode))
+
+    run_in_workdir(2, "resume")  # saves steps 1 and 2
+    save("dist_resumed_" + mode, run_in_workdir(3, "extend"))  # restores step 2 (constant lr)
+    jax.distributed.shutdown()
+    """
+)
+
 
 def _env():
     env = dict(os.environ)
@@ -140,14 +160,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_device(single_host, tmp_path):
-    out, _ = single_host
+def _two_processes(script_text, tmp_path, *args):
+    """Runs ``script_text`` as processes 0 and 1 of one jax.distributed run, 2 CPU devices each."""
     script = tmp_path / "run.py"
-    script.write_text(MULTI_HOST)
+    script.write_text(script_text)
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), "2", str(tmp_path), str(pid), port],
+            [sys.executable, str(script), "2", str(tmp_path), str(pid), port, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -163,6 +183,22 @@ def test_two_processes_match_one_device(single_host, tmp_path):
                 p.kill()
     for p, (_, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err[-3000:]
+
+
+def test_two_processes_match_one_device(single_host, tmp_path):
+    out, _ = single_host
+    _two_processes(MULTI_HOST, tmp_path)
     reference = _load(out / "single.npz")
     for mode in ("jit", "pmap"):
         assert _max_diff(reference, _load(tmp_path / f"dist_{mode}.npz")) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["pmap", pytest.param("jit", marks=pytest.mark.slow)])
+def test_two_processes_save_and_resume_checkpoints(single_host, tmp_path, mode):
+    """Issue 16.2: two processes with parallel=pmap died at the first checkpoint save ("Cannot
+    serialize host local jax.Array in multi-host setting"). Both modes save every step in a shared
+    workdir, and a second session restores step 2 and ends as the uninterrupted one-device run."""
+    out, _ = single_host
+    _two_processes(MULTI_HOST_CHECKPOINT, tmp_path, mode)
+    assert {"2", "3"} <= set(os.listdir(tmp_path / f"run_{mode}" / "checkpoints"))
+    assert _max_diff(_load(out / "single.npz"), _load(tmp_path / f"dist_resumed_{mode}.npz")) < 1e-5

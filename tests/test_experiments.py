@@ -82,18 +82,19 @@ def test_quick_smoke_run_writes_table_metrics_and_plots(tmp_path, capsys):
         "--config.quick_steps=4",
         "--config.quick_examples=256",
         "--config.sweep.grid=('bn', 'gn')",
-        f"--config.workdir={tmp_path}",
+        f"--config.workdir={tmp_path / 'exp'}",
     ]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "| run" in out and "| bn " in out and "| gn " in out
-    results = json.loads((tmp_path / "results.json").read_text())
+    quick_dir = tmp_path / "exp_quick"  # quick runs never share the real run's workdir
+    results = json.loads((quick_dir / "results.json").read_text())
     assert set(results) == {"bn", "gn"}
     assert results["bn"]["steps"] == 4.0
     for name in ("accuracy.png", "loss.png", "weight_norms.png", "results.md"):
-        assert (tmp_path / name).is_file()
+        assert (quick_dir / name).is_file()
     for run in ("bn", "gn"):
-        assert (tmp_path / run / "metrics.jsonl").is_file()
+        assert (quick_dir / run / "metrics.jsonl").is_file()
 
 
 @needs_fmnist

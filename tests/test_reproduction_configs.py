@@ -247,7 +247,7 @@ def test_cifar10_vgg11_norm_matters_sweep_runs_on_mock_cifar(tmp_path):
     with config.unlocked():
         config.quick, config.quick_steps, config.quick_examples = True, 3, 64
         config.model.kwargs = {"width_multiplier": 0.0625}
-        config.workdir = str(tmp_path)
+        config.workdir = str(tmp_path / "exp")  # a quick run writes <workdir>_quick
         config.plots = False
         config.sweep.grid = tuple(config.sweep.grid[i] for i in picked)
         config.sweep.names = tuple(config.sweep.names[i] for i in picked)
@@ -259,7 +259,7 @@ def test_cifar10_vgg11_norm_matters_sweep_runs_on_mock_cifar(tmp_path):
         tfds_io.read_arrays.cache_clear()
     assert list(results) == ["wd", "no_wd_mimicry", "norm_schedule"]
     assert all(r["steps"] == 3 and math.isfinite(r["train_loss"]) for r in results.values())
-    with np.load(tmp_path / "wd" / "recorded_norms.npz") as saved:
+    with np.load(tmp_path / "exp_quick" / "wd" / "recorded_norms.npz") as saved:
         assert sorted(saved.files) == [f"conv_{i}/kernel" for i in range(8)]  # not the classifier
         assert saved["conv_0/kernel"].shape == (1, 4)  # 3 updates recorded every 10: one row; 64 / 16
-    assert not (tmp_path / "no_wd_mimicry" / "recorded_norms.npz").exists()
+    assert not (tmp_path / "exp_quick" / "no_wd_mimicry" / "recorded_norms.npz").exists()

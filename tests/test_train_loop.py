@@ -237,7 +237,7 @@ def test_scale_invariant_wrapper_under_pmap_traces_the_per_device_twin():
 def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
     """The loop's mask for the Norm-matters wrappers: the conv of a BN net; a clear error under pmap
     and for a net without BN, rather than a mask that silently selects no kernel."""
-    from jaxnorm.train.loop import _scale_invariant_mask
+    from jaxnorm.train.setup import scale_invariant_mask_for
 
     images = _data(8)["image"]
     expected = {
@@ -245,10 +245,10 @@ def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
         "Dense_0": {"kernel": False},
         "BatchNorm_0": {"scale": False, "bias": False},
     }
-    assert _scale_invariant_mask(BNNet(), images, None) == expected
+    assert scale_invariant_mask_for(BNNet(), images, None) == expected
     with pytest.raises(ValueError, match=r"under parallel='pmap' need train\(\.\.\., invariance_model="):
-        _scale_invariant_mask(BNNet(axis_name="batch"), images, "batch")
-    assert _scale_invariant_mask(BNNet(axis_name="batch"), images, "batch", BNNet()) == expected
+        scale_invariant_mask_for(BNNet(axis_name="batch"), images, "batch")
+    assert scale_invariant_mask_for(BNNet(axis_name="batch"), images, "batch", BNNet()) == expected
 
     class NoBN(nn.Module):
         @nn.compact
@@ -256,4 +256,4 @@ def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
             return nn.Dense(3)(nn.relu(nn.Conv(8, (3, 3))(x)).mean((1, 2)))
 
     with pytest.raises(ValueError, match="no kernel of this model is scale invariant"):
-        _scale_invariant_mask(NoBN(), images, None)
+        scale_invariant_mask_for(NoBN(), images, None)

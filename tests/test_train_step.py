@@ -143,3 +143,31 @@ def test_loss_scale_grows_after_a_period_of_finite_steps():
 def test_bad_precision_is_rejected():
     with pytest.raises(ValueError, match="precision must be one of"):
         make_train_step(Linear().apply, optax.sgd(0.1), precision="float8")
+
+
+class SlowAverage(nn.Module):
+    """A running average with momentum 0.999 of a batch mean near 1.01: each step moves it by about
+    1e-5, far below bfloat16's resolution near 1 (2**-7), so only a float32 update registers."""
+
+    @nn.compact
+    def __call__(self, x, train):
+        x = x.reshape(x.shape[0], -1)
+        avg = self.variable("batch_stats", "avg", lambda: jnp.ones((), jnp.float32))
+        if train:
+            avg.value = 0.999 * avg.value + 0.001 * 1.01
+        return nn.Dense(3)(x) * avg.value
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_running_statistics_update_in_float32_under_low_precision(precision):
+    """Issue 16.4: the step used to cast batch_stats to the compute dtype, so running averages
+    were computed in bf16 / f16 (eval accuracy lost with BN momentum 0.99)."""
+    model = SlowAverage()
+    x = jnp.ones((4, 2), jnp.float32)
+    tx = optax.sgd(0.0)
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), x)
+    state = state._replace(loss_scale=initial_loss_scale(precision))
+    step = jax.jit(make_train_step(model.apply, tx, precision=precision))
+    new, _ = step(state, {"image": x, "label": jnp.zeros((4,), jnp.int32)})
+    assert new.model_state["batch_stats"]["avg"].dtype == jnp.float32
+    assert float(new.model_state["batch_stats"]["avg"]) == pytest.approx(1.00001, abs=1e-6)

@@ -57,6 +57,51 @@ class Checkpointer:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints present, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def restore_newest(
+        self, target: PyTree, *, report=print, primary: bool = True
+    ) -> tuple[PyTree, int] | None:
+        """Restores the newest checkpoint that can be restored: ``(state, step)``, ``None`` if there is
+        no checkpoint.
+
+        A newer checkpoint that fails to restore (e.g. truncated metadata after a crash of the disk
+        or of a copy) is named in one line through ``report`` and set aside as
+        ``unreadable-<step>`` (on the ``primary`` process), so that the run continues from the
+        previous one and can later save that step again. If no checkpoint restores, raises
+        ``RuntimeError`` naming them all.
+        """
+        failed = []
+        for step in reversed(self.all_steps()):
+            try:
+                state = self.restore(target, step)
+            except Exception as e:  # whatever broke this checkpoint: try the previous one
+                reason = (str(e).strip().splitlines() or [""])[0][:200]
+                report(
+                    f"checkpoint {self.directory}/{step} cannot be restored ({type(e).__name__}: "
+                    f"{reason}); falling back to the previous one"
+                )
+                failed.append(step)
+                continue
+            if failed:
+                self._set_aside(failed, primary)
+            return state, step
+        if failed:
+            raise RuntimeError(f"no checkpoint in {self.directory} can be restored (steps {failed})")
+        return None
+
+    def _set_aside(self, steps: list[int], primary: bool) -> None:
+        if primary:
+            for step in steps:
+                os.replace(
+                    os.path.join(self.directory, str(step)),
+                    os.path.join(self.directory, f"unreadable-{step}"),
+                )
+        sync_processes("jaxnorm_checkpoint_set_aside")
+        self._manager.reload()
+
     def reached_preemption(self, step: int) -> bool:
         """Whether the cluster (multi-host preemption service) asks to stop at ``step``."""
         return bool(self._manager.reached_preemption(step))
@@ -66,6 +111,14 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def sync_processes(name: str) -> None:
+    """A barrier across the processes of a multi-process run (nothing with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class StopSignal:

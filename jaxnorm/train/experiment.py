@@ -30,6 +30,7 @@ from jaxnorm.train import config_checks, plots
 from jaxnorm.train.loop import RunResult, default_config, train
 from jaxnorm.train.optimizers import make_optimizer
 from jaxnorm.train.precision import compute_dtype
+from jaxnorm.train.run_record import check_workdir
 from jaxnorm.train.sharding import DataParallel, initialize_distributed
 
 TABLE_COLUMNS = (
@@ -227,12 +228,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:
     )
 
 
-def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
-    """A Markdown table: one row per run, the summary columns of :data:`TABLE_COLUMNS`."""
+def results_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table: one row per run, the summary columns of :data:`TABLE_COLUMNS`. A run that
+    had already finished (nothing trained; its recorded numbers) is marked ``(recorded)``, a run
+    stopped by preemption ``(partial)``."""
     header = ["run", *(label for _, label, _ in TABLE_COLUMNS)]
     rows = [header, ["---"] * len(header)]
     for name, summary in results.items():
-        cells = [name]
+        mark = " (recorded)" if summary.get("recorded") else " (partial)" if summary.get("preempted") else ""
+        cells = [name + mark]
         for key, _, fmt in TABLE_COLUMNS:
             cells.append(fmt.format(summary[key]) if key in summary else "-")
         rows.append(cells)
@@ -252,22 +256,42 @@ def _maybe_initialize_distributed(config: Mapping[str, Any]) -> None:
         initialize_distributed(address, int(config.num_processes), int(config.process_id))
 
 
-def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict[str, dict[str, float]]:
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped early, run the same command again to resume
+
+
+class Preempted(SystemExit):
+    """Raised by :func:`run_experiment` after a run stopped on SIGTERM / preemption, once the partial
+    results are written: the command exits with :data:`PREEMPTED_EXIT_CODE`, so a scheduler can tell
+    a preempted job from a finished one. ``results`` holds the partial ``{run name: summary}``."""
+
+    def __init__(self, results: dict[str, dict[str, Any]]):
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.results = results
+
+
+def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict[str, dict[str, Any]]:
     """Runs every run of ``config``'s sweep; writes ``results.json``, ``results.md`` and the
-    overlaid plots into ``config.workdir``; prints and returns ``{run name: summary}``."""
+    overlaid plots into ``config.workdir``; prints and returns ``{run name: summary}``.
+
+    A quick run (``config.quick``) goes to ``<workdir>_quick``, so that a smoke test never leaves a
+    checkpoint that the real run would meet. If a run is preempted, the results so far are written
+    (marked ``preempted``) and :class:`Preempted` is raised."""
     base = experiment_defaults()
     base.update(config)
     _maybe_initialize_distributed(base.distributed)
+    workdir = base.workdir
     if base.quick:
         base = apply_quick(base)
+        workdir = workdir.rstrip("/") + "_quick"
     runs = expand_sweep(base)
     for name, run_config in runs:
         try:
             validate(run_config)
+            check_workdir(os.path.join(workdir, name), run_config)
         except ValueError as e:
             raise ValueError(f"run {name!r}: {e}") from e
-    workdir = base.workdir
     results, histories = {}, {}
+    preempted = False
     for name, run_config in runs:
         print_fn(f"== {name}")
         result = run(run_config, os.path.join(workdir, name))
@@ -275,6 +299,7 @@ def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict
         histories[name] = result.history
         if result.preempted:
             print_fn(f"stopped at step {int(result.state.step)}; run the same command to resume")
+            preempted = True
             break
     table = results_table(results)
     if jax.process_index() == 0:
@@ -283,7 +308,10 @@ def run_experiment(config: ml_collections.ConfigDict, *, print_fn=print) -> dict
             json.dump(results, f, indent=2)
         with open(os.path.join(workdir, "results.md"), "w") as f:
             f.write(table + "\n")
-        paths = plots.plot_runs(histories, workdir)
+        title = plots.settings_title(base, varied=base.sweep.key)
+        paths = plots.plot_runs(histories, workdir, title=title)
         print_fn(table)
         print_fn("plots: " + ", ".join(paths))
+    if preempted:
+        raise Preempted(results)
     return results

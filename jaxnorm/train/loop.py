@@ -12,11 +12,13 @@ later ``wd_mimicry`` run.
 Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_steps`` (or
 ``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
 each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``log_grad_norm``,
-``progress``, ``tensorboard``, ``plots``.
+``progress``, ``tensorboard``, ``plots``, ``on_existing`` (what to do with a workdir that holds a run:
+``resume`` | ``extend`` | ``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -26,22 +28,28 @@ import ml_collections
 import numpy as np
 
 from jaxnorm.train import plots
-from jaxnorm.train.checkpoint import Checkpointer, StopSignal
+from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
 from jaxnorm.train.data import BatchSource
-from jaxnorm.train.metrics import MetricsWriter, progress_bar, weight_norm_metrics
-from jaxnorm.train.norm_records import (
-    load_recorded_norms,
-    recorded_norms,
-    resolve_reference,
-    save_recorded_norms,
-)
-from jaxnorm.train.optimizers import make_optimizer, needs_scale_invariant_mask
+from jaxnorm.train.metrics import MetricsWriter, progress_bar, read_jsonl, weight_norm_metrics
+from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 from jaxnorm.train.precision import initial_loss_scale
+from jaxnorm.train.run_record import (
+    RUN_FILE,
+    SUMMARY_FILE,
+    RunPlan,
+    discard_run,
+    now,
+    plan_run,
+    read_json,
+    write_json,
+)
+from jaxnorm.train.setup import build_optimizer, with_enorm_spec
 from jaxnorm.train.sharding import DataParallel
 from jaxnorm.train.state import TrainState, create_train_state
 from jaxnorm.train.step import make_eval_step, make_train_step
 
 PyTree = Any
+__all__ = ["RunResult", "default_config", "evaluate", "total_steps", "train", "with_enorm_spec"]
 
 
 class RunResult(NamedTuple):
@@ -50,10 +58,14 @@ class RunResult(NamedTuple):
     Attributes:
       state: the final state, one host (NumPy) copy.
       history: every metrics record of the run (train records per step, eval records).
-      summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch or last
-        ``log_every`` steps), ``eval_loss``, ``eval_accuracy``, ``best_eval_accuracy``, ``steps``,
-        ``seconds`` (wall time of the step loop, this session), ``images_per_second`` (training
-        throughput after the first, compiling step; evaluation and checkpoint writing excluded).
+      summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch, or over
+        the second half of a run shorter than two epochs), ``eval_loss``, ``eval_accuracy``,
+        ``best_eval_accuracy``, ``steps``, ``seconds`` (wall time of the step loop, this session),
+        ``images_per_second`` (training throughput after the first, compiling step; evaluation and
+        checkpoint writing excluded; absent when the session timed no step), ``preempted``,
+        ``resumed_from_step`` (when this session continued a run), ``recorded`` (``True`` when the run
+        had already finished: nothing was trained and the numbers, timings included, are the
+        recorded ones).
       preempted: the run stopped early on SIGTERM / preemption (a checkpoint was saved).
     """
 
@@ -81,6 +93,7 @@ def default_config() -> ml_collections.ConfigDict:
             "progress": True,
             "tensorboard": False,
             "plots": True,
+            "on_existing": "resume",
             "optimizer": {
                 "name": "momentum",
                 "learning_rate": 0.1,
@@ -125,76 +138,6 @@ def evaluate(parallel: DataParallel, eval_step, state: TrainState, source: Batch
     return {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
 
 
-def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array) -> Mapping[str, Any]:
-    """``optimizer`` with the ``enorm`` wrapper's spec discovered from ``model`` where it needs one.
-
-    Without a spec, :func:`jaxnorm.optim.enorm` reads the params as a plain Dense / Conv chain
-    (:func:`jaxnorm.enorm.chain`); networks that are not one (a BatchNorm after the classifier,
-    residual blocks) get their junctions from :func:`jaxnorm.enorm.discover`, traced in inference
-    mode on ``sample``. Chains and explicit specs are left as they are.
-    """
-    wrapper_kwargs = dict(optimizer.get("wrapper_kwargs", {}) or {})
-    enorm_kwargs = dict(wrapper_kwargs.get("enorm", {}) or {})
-    if "enorm" not in tuple(optimizer.get("wrappers", ()) or ()) or enorm_kwargs.get("spec") is not None:
-        return optimizer
-    from jaxnorm.enorm import chain, discover
-
-    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
-    try:
-        chain(variables["params"])
-        return optimizer
-    except ValueError:
-        pass
-    enorm_kwargs["spec"] = discover(
-        lambda params, x: model.apply({**variables, "params": params}, x, train=False),
-        variables["params"],
-        sample,
-    )
-    return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
-
-
-def _scale_invariant_mask(
-    model: Any, images: jax.Array, axis_name: str | None, invariance_model: Any = None
-) -> PyTree:
-    """The model's scale-invariant kernels (their units feed a BatchNorm), traced in training mode
-    on a batch of ``images`` (only the shapes are used: a full batch satisfies the statistics'
-    size checks, e.g. top-k's k). Under pmap (``axis_name`` set) the trace runs on
-    ``invariance_model``, the same network with per-device statistics."""
-    from jaxnorm.optim import scale_invariant_mask
-
-    if axis_name is not None:
-        if invariance_model is None:
-            raise ValueError(
-                "optimizer wrappers with mask 'scale_invariant' under parallel='pmap' need "
-                "train(..., invariance_model=...), the same network without the BN axis_name: the BN "
-                "layers merge their moments across devices in one stacked collective, which the tracer "
-                "of jaxnorm.optim.scale_invariant_mask cannot follow (the experiment runner "
-                "passes it); or use parallel='jit' (sharded, the main path) or mask 'kernels'"
-            )
-        model = invariance_model
-    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
-    mask = scale_invariant_mask(
-        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
-    )
-    if not any(jax.tree.leaves(mask)):
-        raise ValueError(
-            "optimizer wrappers with mask 'scale_invariant': no kernel of this model is scale invariant "
-            "(none feeds a BatchNorm, or jaxnorm.optim.scale_invariant_mask cannot follow the model); "
-            "use mask 'kernels'"
-        )
-    return mask
-
-
-def _reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:
-    """The recorded norms the ``wd_mimicry`` wrapper names, loaded; ``None`` without that wrapper."""
-    if "wd_mimicry" not in tuple(optimizer.get("wrappers", ()) or ()):
-        return None
-    kwargs = dict((dict(optimizer.get("wrapper_kwargs", {}) or {})).get("wd_mimicry", {}) or {})
-    if "reference" not in kwargs:
-        raise ValueError("optimizer.wrapper_kwargs.wd_mimicry.reference: name the reference run or file")
-    return load_recorded_norms(resolve_reference(kwargs["reference"], workdir))
-
-
 def train(
     config: Mapping[str, Any],
     *,
@@ -212,15 +155,18 @@ def train(
       model: a linen module called as ``model.apply(variables, x, train=bool, mutable=[...])``;
         under ``parallel="pmap"`` its BN layers must use ``axis_name="batch"``.
       train_data, eval_data: batch sources (:mod:`jaxnorm.train.data`).
-      workdir: where ``metrics.jsonl``, ``checkpoints/`` and the plots go; ``None`` keeps nothing on
-        disk (no checkpoints, no plots).
+      workdir: where ``run.json``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` and the
+        plots go; ``None`` keeps nothing on disk (no checkpoints, no plots).
       parallel: a :class:`DataParallel`; default one built from ``config.parallel``.
       invariance_model: under ``parallel="pmap"`` with an optimizer wrapper masked ``"scale_invariant"``,
         ``model`` without cross-device statistics (BN ``axis_name=None``; the same parameters), on
         which the mask is traced. Unused otherwise.
 
     Returns:
-      A :class:`RunResult`. If ``workdir`` holds checkpoints the run resumes from the newest one.
+      A :class:`RunResult`. A ``workdir`` that holds the same experiment is resumed from its newest
+      restorable checkpoint; one that holds another experiment is an error unless
+      ``config.on_existing`` says otherwise (:mod:`jaxnorm.train.run_record`). A run that had already
+      finished is not trained again: its recorded summary is returned, marked ``recorded``.
     """
     cfg = default_config()
     cfg.update(dict(config))
@@ -229,51 +175,131 @@ def train(
     if eval_data is not None:
         parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
     primary = jax.process_index() == 0
+    report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
-    accumulate = int(cfg.optimizer.get("accumulate_steps", 1))
-    first_epoch = train_data.epoch(0)
-    first_images = next(first_epoch)["image"]
-    sample = first_images[:1]
-    if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
-        first_epoch.close()
-    tx, schedule = make_optimizer(
-        with_enorm_spec(cfg.optimizer, model, sample),
-        steps,
-        scale_invariant_mask=(
-            _scale_invariant_mask(model, first_images, parallel.axis_name, invariance_model)
-            if needs_scale_invariant_mask(cfg.optimizer)
-            else None
-        ),
-        reference_norms=_reference_norms(cfg.optimizer, workdir),
+    plan = _open_workdir(workdir, cfg, steps, primary) if workdir is not None else None
+    images = _first_images(train_data)
+    tx, schedule = build_optimizer(
+        cfg.optimizer,
+        model=model,
+        images=images,
+        schedule_steps=plan.schedule_steps if plan else steps,
+        axis_name=parallel.axis_name,
+        invariance_model=invariance_model,
+        workdir=workdir,
     )
-    rng = jax.random.PRNGKey(cfg.seed)
-    loss_scale = initial_loss_scale(cfg.precision)
     state = parallel.init_state(
-        lambda: create_train_state(model.init, tx, rng, sample, loss_scale=loss_scale)
+        lambda: create_train_state(
+            model.init,
+            tx,
+            jax.random.PRNGKey(cfg.seed),
+            images[:1],
+            loss_scale=initial_loss_scale(cfg.precision),
+        )
     )
     ckpt = None
     if workdir is not None:
         ckpt = Checkpointer(
             f"{workdir}/checkpoints", every_steps=cfg.checkpoint_every, max_to_keep=cfg.max_to_keep
         )
-        if ckpt.latest_step() is not None:
-            state = parallel.restore_layout(ckpt.restore(parallel.unreplicate(state)))
+        restored = ckpt.restore_newest(parallel.checkpoint_view(state), report=report, primary=primary)
+        if restored is not None:
+            state = parallel.restore_layout(restored[0])
     start = int(parallel.to_host(state.step))
+    if start:
+        report(_resume_message(workdir, start, steps, plan))
+    if start >= steps:
+        ckpt.close()
+        return _recorded_result(workdir, parallel.to_host(state), steps, report)
+    run_steps = _make_steps(model, tx, schedule, cfg, parallel)
+    result = _loop(cfg, parallel, run_steps, state, train_data, eval_data, workdir, ckpt, start, steps)
+    if workdir is not None and primary:
+        _write_outputs(workdir, cfg, result)
+    return result
 
-    step_fn = parallel.compile_train_step(
-        make_train_step(
-            model.apply,
-            tx,
-            schedule=schedule,
-            accumulate_steps=accumulate,
-            precision=cfg.precision,
-            axis_name=parallel.axis_name,
-            grad_norm=cfg.log_grad_norm,
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """The report function of non-primary processes."""
+
+
+def _open_workdir(workdir: str, cfg: ml_collections.ConfigDict, steps: int, primary: bool) -> RunPlan:
+    """Checks ``workdir`` against the run record (raising for another experiment), discards the old
+    run on ``on_existing='restart'``, and writes the updated record; every process decides alike."""
+    plan = plan_run(workdir, cfg, steps)
+    sync_processes("jaxnorm_run_planned")  # every process has read the old record
+    if primary:
+        if plan.action == "restart":
+            discard_run(workdir)
+        write_json(f"{workdir}/{RUN_FILE}", plan.record)
+    sync_processes("jaxnorm_run_recorded")
+    return plan
+
+
+def _resume_message(workdir: str, start: int, steps: int, plan: RunPlan | None) -> str:
+    message = f"resuming from step {start} of {steps} in {workdir}"
+    if plan is not None and plan.action == "extend":
+        message += (
+            f" (extended from {plan.recorded_steps} steps; the learning rate holds the schedule's "
+            f"value at step {plan.schedule_steps})"
         )
+    return message
+
+
+def _first_images(source: BatchSource) -> np.ndarray:
+    """The first batch's images (the model's init and the optimizer's tracing sample)."""
+    first_epoch = source.epoch(0)
+    images = next(first_epoch)["image"]
+    if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
+        first_epoch.close()
+    return images
+
+
+def _recorded_result(workdir: str, host_state: TrainState, steps: int, report) -> RunResult:
+    """The result of a run that had already finished: its records and recorded summary (with the
+    timings of the session that trained it), marked ``recorded``; nothing is trained."""
+    history = read_jsonl(f"{workdir}/metrics.jsonl") if os.path.exists(f"{workdir}/metrics.jsonl") else []
+    summary = read_json(f"{workdir}/{SUMMARY_FILE}")
+    if summary is None or summary.get("steps") != float(steps) or summary.get("preempted"):
+        # no final summary (killed after the last checkpoint): the numbers, without timings
+        summary = _summary(history, steps)
+    report(f"{workdir} already finished its {steps} steps: reporting the recorded results, nothing trained")
+    return RunResult(host_state, history, {**summary, "recorded": True}, False)
+
+
+class _Steps(NamedTuple):
+    train: Any
+    eval: Any
+
+
+def _make_steps(model, tx, schedule, cfg: ml_collections.ConfigDict, parallel: DataParallel) -> _Steps:
+    """The compiled train and eval steps."""
+    train_step = make_train_step(
+        model.apply,
+        tx,
+        schedule=schedule,
+        accumulate_steps=int(cfg.optimizer.get("accumulate_steps", 1)),
+        precision=cfg.precision,
+        axis_name=parallel.axis_name,
+        grad_norm=cfg.log_grad_norm,
     )
-    eval_fn = parallel.compile_eval_step(
-        make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
-    )
+    eval_step = make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
+    return _Steps(parallel.compile_train_step(train_step), parallel.compile_eval_step(eval_step))
+
+
+def _loop(
+    cfg: ml_collections.ConfigDict,
+    parallel: DataParallel,
+    run_steps: _Steps,
+    state: TrainState,
+    train_data: BatchSource,
+    eval_data: BatchSource | None,
+    workdir: str | None,
+    ckpt: Checkpointer | None,
+    start: int,
+    steps: int,
+) -> RunResult:
+    """Steps ``start`` .. ``steps``: feed, step, log, evaluate, checkpoint, stop on SIGTERM."""
+    primary = jax.process_index() == 0
     eval_every = cfg.eval_every or train_data.steps_per_epoch
     writer = MetricsWriter(
         f"{workdir}/metrics.jsonl" if workdir else "/dev/null",
@@ -291,8 +317,7 @@ def train(
             record = {k: float(v) for k, v in m.items()}
             if s == pending[-1][0] and cfg.weight_norms:
                 record.update(weight_norm_metrics(parallel.unreplicate(params_state.params), record["lr"]))
-            writer.write(s, record)
-            history.append({"step": s, "split": "train", **record})
+            history.append(writer.write(s, record))
         pending.clear()
 
     bar = progress_bar(total=steps, initial=start, enabled=cfg.progress and primary)
@@ -306,7 +331,7 @@ def train(
     try:
         with StopSignal() as stop:
             for step in range(start, steps):
-                state, metrics = step_fn(state, parallel.shard_batch(next(batches)))
+                state, metrics = run_steps.train(state, parallel.shard_batch(next(batches)))
                 if step == start:
                     jax.block_until_ready(metrics)
                     timed_from = time.perf_counter()
@@ -317,21 +342,20 @@ def train(
                 if s % cfg.log_every == 0 or s == steps:
                     flush(state)
                     if bar is not None:
-                        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
+                        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", refresh=False)
                 if eval_data is not None and (s % eval_every == 0 or s == steps):
                     if pending:
                         flush(state)
                     t_eval = time.perf_counter()
-                    result = evaluate(parallel, eval_fn, state, eval_data)
+                    result = evaluate(parallel, run_steps.eval, state, eval_data)
                     excluded_seconds += time.perf_counter() - t_eval
-                    writer.write(s, result, split="eval")
-                    history.append({"step": s, "split": "eval", **result})
+                    history.append(writer.write(s, result, split="eval"))
                 if bar is not None:
                     bar.update(1)
                 if ckpt is not None:
                     t_save = time.perf_counter()
                     stopping = stop.requested or ckpt.reached_preemption(s)
-                    ckpt.maybe_save(s, parallel.unreplicate(state), force=stopping or s == steps)
+                    ckpt.maybe_save(s, parallel.checkpoint_view(state), force=stopping or s == steps)
                     excluded_seconds += time.perf_counter() - t_save
                     if stopping:
                         preempted = s < steps
@@ -352,25 +376,38 @@ def train(
             ckpt.close()
         writer.close()
     train_seconds = t_end - timed_from - excluded_seconds
-    summary = _summary(history, train_data.steps_per_epoch, cfg.log_every)
+    summary: dict[str, Any] = _summary(history, train_data.steps_per_epoch)
     summary["seconds"] = t_end - t_start
-    summary["images_per_second"] = timed_images / train_seconds if timed_images else 0.0
-    host_state = parallel.to_host(state)
-    if workdir is not None and primary and not preempted:
-        if cfg.plots:
-            plots.plot_run(history, workdir)
-        norms = recorded_norms(host_state.opt_state)
-        if norms is not None:
-            save_recorded_norms(workdir, norms)
-    return RunResult(host_state, history, summary, preempted)
+    if timed_images:
+        summary["images_per_second"] = timed_images / train_seconds
+    if start:
+        summary["resumed_from_step"] = start
+    summary["preempted"] = preempted
+    return RunResult(parallel.to_host(state), history, summary, preempted)
 
 
-def _summary(history: list[dict[str, Any]], steps_per_epoch: int, log_every: int) -> dict[str, float]:
+def _write_outputs(workdir: str, cfg: ml_collections.ConfigDict, result: RunResult) -> None:
+    """``summary.json`` (partial after a preemption), and for a finished run the plots and the
+    recorded norms."""
+    write_json(f"{workdir}/{SUMMARY_FILE}", {**result.summary, "written": now()})
+    if result.preempted:
+        return
+    if cfg.plots:
+        plots.plot_run(result.history, workdir, title=plots.settings_title(cfg))
+    norms = recorded_norms(result.state.opt_state)
+    if norms is not None:
+        save_recorded_norms(workdir, norms)
+
+
+def _summary(history: list[dict[str, Any]], steps_per_epoch: int) -> dict[str, Any]:
+    """The run's final numbers. ``train_loss`` / ``train_accuracy``: the mean over the last epoch's
+    steps, or over the second half of the steps when the run is shorter than two epochs (so that the
+    first steps of a short run never count)."""
     train = [r for r in history if r["split"] == "train"]
     evals = [r for r in history if r["split"] == "eval"]
-    last = train[-max(steps_per_epoch, min(log_every, len(train))) :]
-    summary = {"steps": float(train[-1]["step"]) if train else 0.0}
-    if last:
+    summary: dict[str, Any] = {"steps": float(train[-1]["step"]) if train else 0.0}
+    if train:
+        last = train[-min(steps_per_epoch, max(1, len(train) // 2)) :]
         summary["train_loss"] = float(np.mean([r["loss"] for r in last]))
         summary["train_accuracy"] = float(np.mean([r["accuracy"] for r in last]))
     if evals:

@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import socket
+import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,14 +61,69 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class _EventFile:
+    """A TensorBoard event file written record by record: one ``Event`` protocol buffer per metrics
+    record, its numbers as ``<split>/<name>`` scalars, appended with TensorFlow's TFRecord writer.
+
+    Building the protos in Python costs microseconds per record; ``tf.summary.write`` costs an eager
+    TensorFlow op per scalar, which on a small model is a large fraction of the step. Everything
+    written before a resume is rewritten from the JSONL records kept, so the directory never holds a
+    step twice (TensorBoard shows every event file of a directory as one run).
+    """
+
+    def __init__(self, directory: str):
+        try:
+            import tensorflow as tf
+        except ImportError as e:
+            raise ImportError("tensorboard logging needs tensorflow (pip install tensorflow-cpu)") from e
+        self._tf = tf
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.jaxnorm"
+        self._writer = tf.io.TFRecordWriter(os.path.join(directory, name))
+        self._append(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._unflushed = 0
+
+    def _append(self, event: Any) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        summary = self._tf.compat.v1.Summary
+        values = [
+            summary.Value(tag=f"{record['split']}/{k}", simple_value=float(v))
+            for k, v in record.items()
+            if k not in ("step", "split", "wall_time") and isinstance(v, int | float)
+        ]
+        event = self._tf.compat.v1.Event(
+            wall_time=record.get("wall_time", time.time()),
+            step=int(record["step"]),
+            summary=summary(value=values),
+        )
+        self._append(event)
+        self._unflushed += 1
+        if self._unflushed >= 100 or record["split"] != "train":
+            self.flush()
+
+    def flush(self) -> None:
+        self._writer.flush()
+        self._unflushed = 0
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Appends ``{"step": s, "split": ..., **metrics}`` records to ``path`` (JSON lines).
 
+    Every record carries ``wall_time`` (Unix seconds when it was written).
+
     Args:
       path: the ``.jsonl`` file; its directory is created.
-      tensorboard_dir: if set, scalars also go to TensorBoard (needs ``tensorflow``).
+      tensorboard_dir: if set, scalars also go to TensorBoard (needs ``tensorflow``; viewing them
+        needs the ``tensorboard`` package).
       resume_step: when resuming, records with ``step > resume_step`` (written after the checkpoint
-        that is being resumed) are dropped so the file reads as one uninterrupted run.
+        that is being resumed) are dropped so the file reads as one uninterrupted run; the
+        TensorBoard directory is rewritten from the kept records, so it never holds a step twice.
       enabled: ``False`` on non-primary processes of a multi-host run (nothing written).
 
     Attributes:
@@ -94,37 +153,22 @@ class MetricsWriter:
                 f.writelines(json.dumps(r) + "\n" for r in self.previous)
         self._file = open(path, "a")
         if tensorboard_dir:
-            try:
-                import tensorflow as tf
-            except ImportError as e:
-                raise ImportError("tensorboard logging needs tensorflow (pip install tensorflow-cpu)") from e
-            self._tf = tf
-            self._tb = tf.summary.create_file_writer(tensorboard_dir)
-            # The metadata TensorBoard's scalars plugin reads; written directly so that the
-            # `tensorboard` package itself is not needed to log.
-            self._tb_metadata = tf.compat.v1.SummaryMetadata(
-                plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
-            )
+            self._tb = _EventFile(tensorboard_dir)
+            for record in self.previous:
+                self._tb.write(record)
 
-    def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> None:
-        """Writes one record now (flushed, so a killed run keeps everything written so far)."""
-        if not self.enabled:
-            return
-        record = {"step": int(step), "split": split}
+    def write(self, step: int, metrics: Mapping[str, Any], *, split: str = "train") -> dict[str, Any]:
+        """Writes one record now (the JSONL file is flushed, so a killed run keeps everything
+        written so far); returns the record."""
+        record = {"step": int(step), "split": split, "wall_time": round(time.time(), 3)}
         record.update({k: _jsonable(v) for k, v in metrics.items()})
+        if not self.enabled:
+            return record
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            with self._tb.as_default():
-                for k, v in record.items():
-                    if k not in ("step", "split") and isinstance(v, int | float):
-                        self._tf.summary.write(
-                            f"{split}/{k}",
-                            self._tf.constant(v, self._tf.float32),
-                            step=int(step),
-                            metadata=self._tb_metadata,
-                        )
-            self._tb.flush()
+            self._tb.write(record)
+        return record
 
     def close(self) -> None:
         if not self.enabled:
@@ -152,10 +196,46 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def progress_bar(*, total: int, initial: int, enabled: bool) -> Any:
-    """A tqdm bar over ``total`` steps starting at ``initial`` (``None`` when disabled)."""
+def progress_bar(*, total: int, initial: int, enabled: bool, stream: Any = None) -> Any:
+    """A tqdm bar over ``total`` steps starting at ``initial`` on ``stream`` (default stderr);
+    ``None`` when disabled.
+
+    On a terminal the bar redraws in place; when ``stream`` is not a terminal (a log file, a batch
+    job's output) a carriage-return bar would fill the log with partial lines, so a
+    :class:`LogProgress` prints one plain line at most every minute instead.
+    """
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    stream = sys.stderr if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return LogProgress(total=total, initial=initial, stream=stream)
+    from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, dynamic_ncols=True, leave=False, unit="step")
+    return tqdm(total=total, initial=initial, file=stream, dynamic_ncols=True, leave=False, unit="step")
+
+
+class LogProgress:
+    """Progress for logs: ``step s/total (p%) <postfix>`` lines, at most one per ``interval``
+    seconds and one at the end; the subset of tqdm's interface the loop uses."""
+
+    def __init__(self, *, total: int, initial: int, stream: Any, interval: float = 60.0):
+        self.total, self.n, self.stream, self.interval = total, initial, stream, interval
+        self._postfix = ""
+        self._last = time.monotonic()
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        self._postfix = " ".join(f"{k}={v}" for k, v in values.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last >= self.interval:
+            self._print()
+
+    def _print(self) -> None:
+        self._last = time.monotonic()
+        pct = 100.0 * self.n / max(self.total, 1)
+        self.stream.write(f"step {self.n}/{self.total} ({pct:.0f}%) {self._postfix}".rstrip() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._print()

@@ -1,7 +1,10 @@
 """Plots of a run's metrics (matplotlib, Agg backend): accuracy, loss, weight norms.
 
 ``plot_run`` draws one run; ``plot_runs`` overlays several runs of one experiment (e.g. BN vs L1-BN vs
-L∞-BN vs GN). Files are written next to the metrics as PNGs; the functions return their paths.
+L∞-BN vs GN). Accuracy and loss get one panel for training (smoothed) and one for evaluation, each
+zoomed on the range the curves reach after their first quarter (where runs differ), with the run's
+settings (:func:`settings_title`) as the figure title. Files are written next to the metrics as PNGs;
+the functions return their paths.
 """
 
 from __future__ import annotations
@@ -54,21 +57,79 @@ def _finish(fig, ax, ylabel: str, path: str, *, log: bool = False, fontsize: str
     return path
 
 
-def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str) -> str:
-    """Train (smoothed line) and eval (markers) of ``key``, one color per run."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (name, records) in enumerate(runs.items()):
-        steps, values = _series(records, "train", key)
-        if values:
-            window = max(1, len(values) // 50)
-            ax.plot(steps, _smooth(values, window), color=_color(i), alpha=0.6, label=f"{name} train".strip())
-        steps, values = _series(records, "eval", key)
-        if values:
-            ax.plot(steps, values, "o--", color=_color(i), label=f"{name} eval".strip())
-    return _finish(fig, ax, ylabel, path)
+def settings_title(config: Mapping[str, Any], *, varied: str = "") -> str:
+    """One line naming a run's settings: model, norm, optimizer, learning rate and schedule, weight
+    decay, dataset and batch size, length, precision, seed (those the config has). ``varied``: a
+    dotted key that differs between the plotted runs (a sweep's key); it is named instead of its value."""
+    model = config.get("model") or {}
+    opt = config.get("optimizer") or {}
+    dataset = config.get("dataset") or {}
+    steps = config.get("num_steps") or 0
+    parts = [
+        ("model.name", model.get("name", "")),
+        ("model.norm", model.get("norm", "")),
+        ("optimizer.name", opt.get("name", "")),
+        ("optimizer.learning_rate", f"lr {opt['learning_rate']}" if "learning_rate" in opt else ""),
+        ("optimizer.schedule", opt.get("schedule", "")),
+        ("optimizer.weight_decay", f"wd {opt['weight_decay']}" if opt.get("weight_decay") else ""),
+        ("dataset.name", dataset.get("name", "")),
+        ("dataset.batch_size", f"batch {dataset['batch_size']}" if "batch_size" in dataset else ""),
+        ("num_steps", f"{steps} steps" if steps else f"{config.get('num_epochs', '')} epochs"),
+        ("precision", str(config.get("precision", ""))),
+        ("seed", f"seed {config.get('seed', '')}"),
+    ]
+    text = " · ".join(str(value) for key, value in parts if value and key != varied)
+    return f"{text} · runs differ in {varied}" if varied else text
 
 
-def _weight_norm_figure(runs: Mapping[str, Records], path: str) -> str | None:
+def _zoom(ax, series: list[list[float]]) -> None:
+    """Y limits from the values after each curve's first quarter (the early transient would
+    otherwise squeeze the part where runs differ into a few pixels)."""
+    tails = [v for values in series for v in values[len(values) // 4 :]]
+    if len(tails) >= 2:
+        lo, hi = min(tails), max(tails)
+        pad = 0.08 * (hi - lo) or 0.01 * (abs(hi) or 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
+
+
+def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str, title: str) -> str:
+    """Two panels, train (smoothed) and eval of ``key``; one color and line style per run."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, split in zip(axes, ("train", "eval"), strict=True):
+        drawn = []
+        for i, (name, records) in enumerate(runs.items()):
+            steps, values = _series(records, split, key)
+            if not values:
+                continue
+            if split == "train":
+                values = _smooth(values, max(1, len(values) // 50))
+            style = _LINESTYLES[i % len(_LINESTYLES)]
+            marker = "o" if split == "eval" and len(values) <= 30 else None
+            ax.plot(
+                steps,
+                values,
+                color=_color(i),
+                linestyle=style,
+                marker=marker,
+                markersize=3,
+                label=name or split,
+            )
+            drawn.append(values)
+        _zoom(ax, drawn)
+        ax.set_title(f"{split} {ylabel}" + (" (smoothed)" if split == "train" else ""), fontsize="medium")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title, fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _weight_norm_figure(runs: Mapping[str, Records], path: str, title: str) -> str | None:
     """Mean per-unit weight norm of every kernel: one color per run, one line style per layer."""
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
@@ -88,21 +149,24 @@ def _weight_norm_figure(runs: Mapping[str, Records], path: str) -> str | None:
     if not drawn:
         plt.close(fig)
         return None
+    if title:
+        ax.set_title(title, fontsize="small")
     return _finish(fig, ax, "mean per-unit weight norm", path, log=True, fontsize="x-small")
 
 
-def plot_runs(runs: Mapping[str, Records], out_dir: str) -> list[str]:
+def plot_runs(runs: Mapping[str, Records], out_dir: str, *, title: str = "") -> list[str]:
     """Overlays ``runs`` (name -> metrics records); writes ``accuracy.png``, ``loss.png`` and
-    ``weight_norms.png`` (when norms were logged) into ``out_dir``; returns the paths."""
+    ``weight_norms.png`` (when norms were logged) into ``out_dir``, titled ``title`` (e.g.
+    :func:`settings_title`); returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [
-        _metric_figure(runs, "accuracy", "accuracy", os.path.join(out_dir, "accuracy.png")),
-        _metric_figure(runs, "loss", "cross-entropy loss", os.path.join(out_dir, "loss.png")),
+        _metric_figure(runs, "accuracy", "accuracy", os.path.join(out_dir, "accuracy.png"), title),
+        _metric_figure(runs, "loss", "cross-entropy loss", os.path.join(out_dir, "loss.png"), title),
     ]
-    norms = _weight_norm_figure(runs, os.path.join(out_dir, "weight_norms.png"))
+    norms = _weight_norm_figure(runs, os.path.join(out_dir, "weight_norms.png"), title)
     return paths + ([norms] if norms else [])
 
 
-def plot_run(records: Records, out_dir: str) -> list[str]:
+def plot_run(records: Records, out_dir: str, *, title: str = "") -> list[str]:
     """:func:`plot_runs` for one run."""
-    return plot_runs({"": records}, out_dir)
+    return plot_runs({"": records}, out_dir, title=title)

@@ -112,8 +112,24 @@ class DataParallel:
         )
 
     def restore_layout(self, restored: PyTree) -> PyTree:
-        """A state restored into :meth:`unreplicate`'s layout -> this mode's placed layout."""
-        return restored if self.mode == "jit" else self.place_state(jax.device_get(restored))
+        """A state restored into :meth:`checkpoint_view`'s layout -> this mode's placed layout."""
+        if self.mode == "jit":
+            return restored
+        return self.place_state(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), restored))
+
+    def checkpoint_view(self, state: PyTree) -> PyTree:
+        """One copy of a placed state as global arrays replicated over every device of every process:
+        what a checkpoint saves and restores into. Under jit that is the state itself; under pmap
+        each device's own copy becomes its shard of one global array (no host copy), since a
+        multi-process checkpoint cannot save the process-local arrays pmap works on."""
+        if self.mode == "jit":
+            return state
+        return jax.tree.map(self._global_from_stacked, state)
+
+    def _global_from_stacked(self, x: jax.Array) -> jax.Array:
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        arrays = [by_device[d].reshape(by_device[d].shape[1:]) for d in self.local_devices]
+        return jax.make_array_from_single_device_arrays(x.shape[1:], self.replicated, arrays)
 
     def _replicate_global(self, x: Any) -> jax.Array:
         x = np.asarray(x)

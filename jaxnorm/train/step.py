@@ -42,6 +42,16 @@ def _apply(apply_fn, variables, images, *, train: bool, rngs=None):
     return out, {}
 
 
+def _compute_variables(params: PyTree, model_state: Mapping[str, PyTree], dtype: jnp.dtype) -> dict:
+    """The variables the forward pass sees: ``params`` cast to the compute ``dtype``; the other
+    collections (BN running statistics) left in their own dtype (float32), so that the running
+    averages are updated at float32 precision: a bf16 running mean with momentum 0.99 cannot move
+    by less than about 0.4 % of its value per step."""
+    if dtype != jnp.float32:
+        params = cast_floating(params, dtype)
+    return {"params": params, **model_state}
+
+
 def make_train_step(
     apply_fn: Callable[..., Any],
     tx: optax.GradientTransformation,
@@ -60,7 +70,8 @@ def make_train_step(
       schedule: the LR schedule, only to report ``lr`` in the metrics.
       accumulate_steps: micro-steps per update (to report the LR of the current update).
       precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of activations and of the params
-        copy used in the forward pass; master params, optimizer state and BN statistics stay float32.
+        copy used in the forward pass; master params, optimizer state and BN statistics stay float32
+        (the statistics are passed to the model uncast, so their running averages update in float32).
         ``float16`` scales the loss dynamically and skips updates whose gradients overflow.
       axis_name: the pmap axis name, or ``None`` under jit.
       grad_norm: also report the global gradient norm (off by default: on a small model on CPU
@@ -73,9 +84,7 @@ def make_train_step(
     scaled = precision == "float16"
 
     def loss_fn(params, model_state, batch, rng, scale):
-        variables = {"params": params, **model_state}
-        if dtype != jnp.float32:
-            variables = cast_floating(variables, dtype)
+        variables = _compute_variables(params, model_state, dtype)
         images = batch["image"]
         if dtype != jnp.float32:
             images = images.astype(dtype)
@@ -146,10 +155,10 @@ def make_eval_step(
     dtype = compute_dtype(precision)
 
     def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
-        variables = state.variables
+        variables = _compute_variables(state.params, state.model_state, dtype)
         images = batch["image"]
         if dtype != jnp.float32:
-            variables, images = cast_floating(variables, dtype), images.astype(dtype)
+            images = images.astype(dtype)
         logits, _ = _apply(apply_fn, variables, images, train=False)
         mask = batch.get("mask")
         if mask is None:

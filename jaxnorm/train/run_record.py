@@ -1,0 +1,259 @@
+"""What a run directory holds and whether a restart may continue it.
+
+``<workdir>/run.json`` records what the run is: the resolved config, its length in steps and the
+number of steps its learning-rate schedule was built for, the jaxnorm version and git commit, the
+jax / flax / optax / orbax versions, the devices, the process count, and one entry per session (start
+time and start step). ``<workdir>/summary.json`` holds the final (or, after a preemption, partial)
+summary with its timings.
+
+On start, :func:`plan_run` compares the new config with the recorded one. The config key
+``on_existing`` says what may happen to a workdir that already holds a run (checkpoints):
+
+* ``"resume"`` (default): continue it if it is the same experiment; otherwise stop with an error that
+  names the differing keys.
+* ``"extend"``: as ``resume``, and the run may also be longer than recorded (``num_steps`` /
+  ``num_epochs`` raised). The learning-rate schedule stays the one the run was started with: past its
+  original length it holds its end value (all schedules of :mod:`jaxnorm.train.optimizers` do), so an
+  extension never jumps back up the schedule.
+* ``"restart"``: discard the run (checkpoints, metrics, TensorBoard, summary) and start again.
+* ``"error"``: any existing run is an error.
+
+Keys that change how a run is executed or reported but not what it computes (:data:`EXECUTION_KEYS`)
+may differ between sessions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+
+ON_EXISTING = ("resume", "extend", "restart", "error")
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+# Config keys (dotted prefixes) that may change between sessions of one run.
+EXECUTION_KEYS = (
+    "on_existing",
+    "progress",
+    "plots",
+    "tensorboard",
+    "log_every",
+    "checkpoint_every",
+    "max_to_keep",
+    "workdir",
+    "description",
+    "distributed",
+    "sweep",
+    "quick",
+    "quick_steps",
+    "quick_examples",
+    "dataset.data_dir",
+    # the run's length is compared as total_steps (on_existing="extend")
+    "num_steps",
+    "num_epochs",
+)
+# What a restart discards.
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", SUMMARY_FILE, "recorded_norms.npz")
+
+
+class RunPlan(NamedTuple):
+    """What :func:`plan_run` decided.
+
+    Attributes:
+      action: ``"new"`` (nothing to continue), ``"resume"``, ``"extend"`` or ``"restart"``.
+      schedule_steps: the run length the learning-rate schedule is built for (the original length
+        after an extension).
+      record: the run record to write (the new session appended).
+      recorded_steps: the run's length before this session (``None`` for a new run).
+    """
+
+    action: str
+    schedule_steps: int
+    record: dict[str, Any]
+    recorded_steps: int | None
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """``config`` (ConfigDict or mapping) as plain JSON values: tuples become lists, other objects
+    their ``repr``."""
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    return json.loads(json.dumps(config, default=repr, sort_keys=True))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _is_execution_key(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in EXECUTION_KEYS)
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` for every key that changes what the run computes
+    (absent values are ``None``)."""
+    a, b = _flatten(config_dict(old)), _flatten(config_dict(new))
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(set(a) | set(b))
+        if not _is_execution_key(k) and a.get(k) != b.get(k)
+    }
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, git commit, devices and process count of this session."""
+    return {
+        "jaxnorm_version": _version("jaxnorm"),
+        "git_commit": _git_commit(),
+        "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")},
+        "devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
+        "process_count": jax.process_count(),
+    }
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or ``None`` if there is none (or it is unreadable)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_json(path: str, obj: Mapping[str, Any]) -> None:
+    """Writes ``obj`` atomically (a temporary file renamed over ``path``)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=repr)
+    os.replace(tmp, path)
+
+
+def has_checkpoint(workdir: str) -> bool:
+    """Whether ``workdir/checkpoints`` holds any step directory."""
+    directory = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def _way_out(workdir: str) -> str:
+    return (
+        f"use another workdir, or set on_existing='restart' (--config.on_existing=restart) to discard "
+        f"the run in {workdir}"
+    )
+
+
+def _describe(differences: Mapping[str, tuple[Any, Any]], limit: int = 8) -> str:
+    items = [f"{k}: {old!r} -> {new!r}" for k, (old, new) in differences.items()]
+    more = f"; and {len(items) - limit} more" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def check_workdir(workdir: str, config: Any) -> None:
+    """The checks of :func:`plan_run` that need no run length: raises ``ValueError`` if ``workdir``
+    holds a run that ``config`` may not continue (another experiment, no record, or
+    ``on_existing='error'``). An experiment runner calls it for every run of a sweep before any
+    trains."""
+    on_existing = config.get("on_existing", "resume")
+    if on_existing not in ON_EXISTING:
+        raise ValueError(f"config.on_existing must be one of {ON_EXISTING}, got {on_existing!r}")
+    if on_existing == "restart" or not has_checkpoint(workdir):
+        return
+    if on_existing == "error":
+        raise ValueError(f"{workdir} already holds a run (config.on_existing='error'); " + _way_out(workdir))
+    old = read_json(os.path.join(workdir, RUN_FILE))
+    if old is None:
+        raise ValueError(
+            f"{workdir} holds checkpoints but no readable {RUN_FILE} (written by an older jaxnorm or "
+            f"another program), so it cannot be told whether it is this experiment; " + _way_out(workdir)
+        )
+    differences = config_differences(old.get("config", {}), config)
+    if differences:
+        raise ValueError(
+            f"{workdir} holds a different experiment ({_describe(differences)}); " + _way_out(workdir)
+        )
+
+
+def plan_run(workdir: str, config: Any, total_steps: int) -> RunPlan:
+    """Decides, from ``workdir``'s run record and ``config.on_existing``, whether this session
+    starts a new run, resumes or extends the recorded one, or restarts it; raises ``ValueError``
+    (naming the differing keys and the way out) when the workdir holds another experiment."""
+    check_workdir(workdir, config)
+    on_existing = config.get("on_existing", "resume")
+    old = read_json(os.path.join(workdir, RUN_FILE))
+    session = {"started": now(), **environment()}
+    new_record = {
+        "config": config_dict(config),
+        "total_steps": total_steps,
+        "schedule_steps": total_steps,
+        "sessions": [session],
+    }
+    if not has_checkpoint(workdir):
+        return RunPlan("new", total_steps, new_record, None)
+    if on_existing == "restart":
+        return RunPlan("restart", total_steps, new_record, None)
+    recorded_steps = int(old["total_steps"])
+    schedule_steps = int(old.get("schedule_steps", recorded_steps))
+    record = {**old, "config": config_dict(config), "sessions": [*old.get("sessions", []), session]}
+    if total_steps == recorded_steps:
+        return RunPlan("resume", schedule_steps, record, recorded_steps)
+    if on_existing == "extend" and total_steps > recorded_steps:
+        record["total_steps"] = total_steps
+        return RunPlan("extend", schedule_steps, record, recorded_steps)
+    hint = (
+        "set on_existing='extend' (--config.on_existing=extend) to continue it; the learning rate then "
+        "holds the schedule's end value past the original length, or "
+        if total_steps > recorded_steps
+        else ""
+    )
+    raise ValueError(
+        f"{workdir} holds a run of {recorded_steps} steps and this config asks for {total_steps} "
+        f"(num_steps / num_epochs); {hint}" + _way_out(workdir)
+    )
+
+
+def discard_run(workdir: str) -> None:
+    """Removes a run's outputs (checkpoints, metrics, TensorBoard, summary) from ``workdir``."""
+    for name in RUN_OUTPUTS:
+        path = os.path.join(workdir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)

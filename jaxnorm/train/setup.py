@@ -1,0 +1,124 @@
+"""The optimizer a run config names, prepared for one model: what :func:`train` needs before its loop.
+
+Some optimizer wrappers need more than the config: ``enorm`` a spec of the network's rescaling
+symmetries (traced with :func:`jaxnorm.enorm.discover` when the params are not a plain chain), the
+Norm-matters wrappers masked ``"scale_invariant"`` the model's scale-invariant kernels (traced on a
+batch), and ``wd_mimicry`` the norms a reference run recorded. :func:`build_optimizer` resolves them
+and calls :func:`jaxnorm.train.optimizers.make_optimizer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+
+from jaxnorm.train.norm_records import load_recorded_norms, resolve_reference
+from jaxnorm.train.optimizers import make_optimizer, needs_scale_invariant_mask
+
+PyTree = Any
+
+
+def build_optimizer(
+    optimizer: Mapping[str, Any],
+    *,
+    model: Any,
+    images: jax.Array,
+    schedule_steps: int,
+    axis_name: str | None = None,
+    invariance_model: Any = None,
+    workdir: str | None = None,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """``(tx, schedule)`` for the ``optimizer`` config block on ``model``.
+
+    Args:
+      optimizer: the config's ``optimizer`` block.
+      model: the linen module being trained.
+      images: one batch of inputs (shapes only; the first example is the tracing sample).
+      schedule_steps: the run length the learning-rate schedule spans.
+      axis_name, invariance_model: see :func:`scale_invariant_mask_for`.
+      workdir: the run directory, against which ``wd_mimicry``'s reference name is resolved.
+    """
+    mask = (
+        scale_invariant_mask_for(model, images, axis_name, invariance_model)
+        if needs_scale_invariant_mask(optimizer)
+        else None
+    )
+    return make_optimizer(
+        with_enorm_spec(optimizer, model, images[:1]),
+        schedule_steps,
+        scale_invariant_mask=mask,
+        reference_norms=reference_norms(optimizer, workdir),
+    )
+
+
+def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array) -> Mapping[str, Any]:
+    """``optimizer`` with the ``enorm`` wrapper's spec discovered from ``model`` where it needs one.
+
+    Without a spec, :func:`jaxnorm.optim.enorm` reads the params as a plain Dense / Conv chain
+    (:func:`jaxnorm.enorm.chain`); networks that are not one (a BatchNorm after the classifier,
+    residual blocks) get their junctions from :func:`jaxnorm.enorm.discover`, traced in inference
+    mode on ``sample``. Chains and explicit specs are left as they are.
+    """
+    wrapper_kwargs = dict(optimizer.get("wrapper_kwargs", {}) or {})
+    enorm_kwargs = dict(wrapper_kwargs.get("enorm", {}) or {})
+    if "enorm" not in tuple(optimizer.get("wrappers", ()) or ()) or enorm_kwargs.get("spec") is not None:
+        return optimizer
+    from jaxnorm.enorm import chain, discover
+
+    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
+    try:
+        chain(variables["params"])
+        return optimizer
+    except ValueError:
+        pass
+    enorm_kwargs["spec"] = discover(
+        lambda params, x: model.apply({**variables, "params": params}, x, train=False),
+        variables["params"],
+        sample,
+    )
+    return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
+
+
+def scale_invariant_mask_for(
+    model: Any, images: jax.Array, axis_name: str | None, invariance_model: Any = None
+) -> PyTree:
+    """The model's scale-invariant kernels (their units feed a BatchNorm), traced in training mode
+    on a batch of ``images`` (only the shapes are used: a full batch satisfies the statistics'
+    size checks, e.g. top-k's k). Under pmap (``axis_name`` set) the trace runs on
+    ``invariance_model``, the same network with per-device statistics."""
+    from jaxnorm.optim import scale_invariant_mask
+
+    if axis_name is not None:
+        if invariance_model is None:
+            raise ValueError(
+                "optimizer wrappers with mask 'scale_invariant' under parallel='pmap' need "
+                "train(..., invariance_model=...), the same network without the BN axis_name: the BN "
+                "layers merge their moments across devices in one stacked collective, which the tracer "
+                "of jaxnorm.optim.scale_invariant_mask cannot follow (the experiment runner "
+                "passes it); or use parallel='jit' (sharded, the main path) or mask 'kernels'"
+            )
+        model = invariance_model
+    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    mask = scale_invariant_mask(
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
+    )
+    if not any(jax.tree.leaves(mask)):
+        raise ValueError(
+            "optimizer wrappers with mask 'scale_invariant': no kernel of this model is scale invariant "
+            "(none feeds a BatchNorm, or jaxnorm.optim.scale_invariant_mask cannot follow the model); "
+            "use mask 'kernels'"
+        )
+    return mask
+
+
+def reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:
+    """The recorded norms the ``wd_mimicry`` wrapper names, loaded; ``None`` without that wrapper."""
+    if "wd_mimicry" not in tuple(optimizer.get("wrappers", ()) or ()):
+        return None
+    kwargs = dict((dict(optimizer.get("wrapper_kwargs", {}) or {})).get("wd_mimicry", {}) or {})
+    if "reference" not in kwargs:
+        raise ValueError("optimizer.wrapper_kwargs.wd_mimicry.reference: name the reference run or file")
+    return load_recorded_norms(resolve_reference(kwargs["reference"], workdir))

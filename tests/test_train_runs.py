@@ -1,0 +1,203 @@
+"""What a run directory is and what a restart may do with it (issue 16): run records, resume only the
+same experiment, explicit extension with an honest schedule, recorded results of finished runs,
+fallback from an unreadable checkpoint, records and progress output."""
+
+import io
+import json
+import os
+import shutil
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxnorm.train import Checkpointer, read_jsonl, train
+from jaxnorm.train.metrics import progress_bar
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train_loop import CONFIG, CrashAt, Net, _sources
+
+SHORT = {**CONFIG, "num_steps": 8, "eval_every": 4, "plots": False}
+
+
+def _train(config, workdir, data=None):
+    train_src, eval_src = _sources()
+    return train(config, model=Net(), train_data=data or train_src, eval_data=eval_src, workdir=str(workdir))
+
+
+def _same(a, b):
+    return all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """An 8-step run with checkpoints at 4 and 8."""
+    workdir = tmp_path_factory.mktemp("finished")
+    return workdir, _train(SHORT, workdir)
+
+
+def test_run_json_records_config_versions_devices_and_sessions(finished):
+    workdir, _ = finished
+    record = json.loads((workdir / "run.json").read_text())
+    assert record["config"]["optimizer"]["learning_rate"] == 0.2
+    assert record["total_steps"] == record["schedule_steps"] == 8
+    session = record["sessions"][0]
+    assert session["versions"]["jax"] == jax.__version__
+    assert {"flax", "optax", "orbax-checkpoint"} <= set(session["versions"])
+    assert session["devices"] and session["process_count"] == 1
+    assert "started" in session and "git_commit" in session
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["steps"] == 8.0 and summary["preempted"] is False and summary["seconds"] > 0
+
+
+def test_another_experiment_in_the_workdir_is_an_error_naming_the_keys(finished, tmp_path):
+    """Issue 16.1: the old loop resumed any workdir whatever the config."""
+    workdir, _ = finished
+    other = {**SHORT, "seed": 5, "optimizer": {**SHORT["optimizer"], "learning_rate": 0.1}}
+    with pytest.raises(ValueError) as e:
+        _train(other, workdir)
+    message = str(e.value)
+    assert "optimizer.learning_rate: 0.2 -> 0.1" in message and "seed: 0 -> 5" in message
+    assert "on_existing='restart'" in message and "another workdir" in message
+
+
+def test_a_finished_run_reports_its_recorded_results_not_zero_timings(finished, capsys):
+    """Issue 16.1: rerunning a finished run printed time 0.0 and images/s 0."""
+    workdir, first = finished
+    capsys.readouterr()
+    again = _train({**SHORT, "progress": True}, workdir)  # execution keys may differ
+    assert again.summary["recorded"] is True
+    assert again.summary["seconds"] == pytest.approx(first.summary["seconds"])
+    assert again.summary["images_per_second"] == pytest.approx(first.summary["images_per_second"])
+    assert again.summary["eval_accuracy"] == first.summary["eval_accuracy"]
+    assert "already finished its 8 steps" in capsys.readouterr().out
+    assert _same(again.state, first.state)
+
+
+def test_restart_discards_the_old_run(finished, tmp_path):
+    workdir, _ = finished
+    fresh_dir = tmp_path / "copy"
+    shutil.copytree(workdir, fresh_dir)
+    other = {**SHORT, "seed": 5, "on_existing": "restart"}
+    restarted = _train(other, fresh_dir)
+    reference = _train({**SHORT, "seed": 5}, tmp_path / "new")
+    assert _same(restarted.state, reference.state)
+    steps = [r["step"] for r in read_jsonl(fresh_dir / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == list(range(1, 9))
+    assert json.loads((fresh_dir / "run.json").read_text())["config"]["seed"] == 5
+
+
+def test_a_workdir_without_run_record_is_not_resumed_blindly(finished, tmp_path):
+    legacy = tmp_path / "legacy"
+    shutil.copytree(finished[0], legacy)
+    os.remove(legacy / "run.json")
+    with pytest.raises(ValueError, match=r"no readable run\.json"):
+        _train(SHORT, legacy)
+
+
+def test_on_existing_error_and_bad_values(finished):
+    workdir, _ = finished
+    with pytest.raises(ValueError, match=r"already holds a run \(config.on_existing='error'\)"):
+        _train({**SHORT, "on_existing": "error"}, workdir)
+    choices = r"\('resume', 'extend', 'restart', 'error'\)"
+    with pytest.raises(ValueError, match=r"on_existing must be one of " + choices):
+        _train({**SHORT, "on_existing": "continue"}, workdir)
+
+
+def test_extension_is_explicit_and_keeps_the_schedule(tmp_path):
+    """Issue 16.1: raising num_steps silently restarted the cosine schedule (the lr jumped back up).
+    Now it needs on_existing='extend', and past the original 8 steps the lr holds the schedule's end
+    value; the first 8 steps are untouched."""
+    cosine = {
+        **SHORT,
+        "optimizer": {"name": "momentum", "learning_rate": 0.2, "schedule": "cosine", "end_value": 0.01},
+    }
+    _train(cosine, tmp_path)
+    before = [r["lr"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    longer = {**cosine, "num_steps": 12}
+    with pytest.raises(ValueError, match=r"run of 8 steps and this config asks for 12.*on_existing='extend'"):
+        _train(longer, tmp_path)
+    extended = _train({**longer, "on_existing": "extend"}, tmp_path)
+    lrs = [r["lr"] for r in extended.history if r["split"] == "train"]
+    assert [r["step"] for r in extended.history if r["split"] == "train"] == list(range(1, 13))
+    assert lrs[:8] == before
+    np.testing.assert_allclose(lrs[8:], 0.01, rtol=1e-5)  # the cosine's end value, held
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["total_steps"] == 12 and record["schedule_steps"] == 8 and len(record["sessions"]) == 2
+    with pytest.raises(ValueError, match="run of 12 steps and this config asks for 8"):
+        _train(cosine, tmp_path)  # shorter is not an extension
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous_one(finished, tmp_path, capsys):
+    """Issue 16.3: a truncated metadata file in the newest checkpoint stopped the run with a
+    TensorStore traceback although the previous checkpoint was intact."""
+    workdir = tmp_path / "run"
+    shutil.copytree(finished[0], workdir)
+    os.remove(workdir / "summary.json")  # as if killed right after the last save
+    metadata = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(workdir / "checkpoints" / "8")
+        for f in files
+        if f == "_METADATA"
+    ]
+    assert metadata
+    for path in metadata:
+        open(path, "w").close()  # truncated
+    capsys.readouterr()
+    resumed = _train(SHORT, workdir)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "cannot be restored" in line]
+    assert len(lines) == 1 and "checkpoints/8 " in lines[0] and "falling back" in lines[0]
+    assert "resuming from step 4 of 8" in out
+    assert _same(resumed.state, finished[1].state)
+    assert Checkpointer(str(workdir / "checkpoints")).latest_step() == 8
+    assert (workdir / "checkpoints" / "unreadable-8").is_dir()
+
+
+def test_tensorboard_holds_each_step_once_after_a_crash_and_resume(tmp_path):
+    """Issue 16.7: metrics.jsonl was trimmed on resume, TensorBoard kept the replayed steps twice."""
+    import tensorflow as tf
+
+    config = {**SHORT, "tensorboard": True}
+    train_src, _ = _sources()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _train(config, tmp_path, CrashAt(train_src, 7, "crash"))  # steps 5, 6 logged, checkpoint 4
+    _train(config, tmp_path)
+    seen = []
+    for name in sorted(os.listdir(tmp_path / "tensorboard")):
+        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / "tensorboard" / name)):
+            seen += [(v.tag, event.step) for v in event.summary.value if v.tag == "train/loss"]
+    assert sorted(seen) == [("train/loss", s) for s in range(1, 9)]
+
+
+def test_preemption_marks_the_summary_partial(tmp_path):
+    train_src, _ = _sources()
+    stopped = _train(SHORT, tmp_path, CrashAt(train_src, 5, "sigterm"))
+    assert stopped.preempted and stopped.summary["preempted"] is True
+    assert json.loads((tmp_path / "summary.json").read_text())["preempted"] is True
+    resumed = _train(SHORT, tmp_path)
+    assert resumed.summary["resumed_from_step"] == 6 and resumed.summary["preempted"] is False
+
+
+def test_records_carry_timestamps_and_train_loss_skips_the_first_steps(tmp_path):
+    """Issue 16.7: on a run shorter than an epoch the train loss averaged every step from step 1.
+    Now: the last epoch, or the second half of a shorter run."""
+    config = {**SHORT, "num_steps": 4, "checkpoint_every": 0}
+    result = _train(config, tmp_path)  # 5 steps per epoch: a 4-step run averages steps 3 and 4
+    train_records = [r for r in result.history if r["split"] == "train"]
+    assert result.summary["train_loss"] == pytest.approx(np.mean([r["loss"] for r in train_records[2:]]))
+    for record in read_jsonl(tmp_path / "metrics.jsonl"):
+        assert record["wall_time"] > 1.7e9
+
+
+def test_progress_in_a_log_is_plain_lines():
+    """Issue 16.7: tqdm wrote carriage-return updates into non-tty logs."""
+    log = io.StringIO()
+    bar = progress_bar(total=100, initial=0, enabled=True, stream=log)
+    for _ in range(100):
+        bar.update(1)
+    bar.set_postfix(loss="0.1234")
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and text.splitlines() == ["step 100/100 (100%) loss=0.1234"]
