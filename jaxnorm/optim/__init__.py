@@ -15,5 +15,6 @@ from jaxnorm.optim.projection import norm_schedule as norm_schedule
 from jaxnorm.optim.projection import norm_schedule_from_lr as norm_schedule_from_lr
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
+from jaxnorm.optim.scales import last_scales as last_scales
 from jaxnorm.optim.state import register_state_rule as register_state_rule
 from jaxnorm.optim.state import rescale_state as rescale_state

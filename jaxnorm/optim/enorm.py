@@ -19,10 +19,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxnorm.enorm.balance import enorm_balance, multipliers
 from jaxnorm.enorm.spec import Junction, chain
+from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 from jaxnorm.optim.state import rescale_state
 
 __all__ = ["EnormState", "enorm"]
@@ -63,32 +65,39 @@ def enorm(
     Returns:
       An ``optax.GradientTransformation`` whose ``update`` requires ``params``.
 
+    Works on plain pytrees and on ``nnx.State`` (inside ``nnx.Optimizer(model, tx, wrt=nnx.Param)``);
+    until :mod:`jaxnorm.enorm` accepts ``nnx.State`` itself, the wrapper converts it to nested dicts.
+
     Raises:
-      ValueError: bad ``every``, ``p``, ``c``, ``cycles``; ``update`` called without params.
+      TypeError: ``inner`` is not an optax transformation; (at ``init``) a params leaf that is not
+        floating.
+      ValueError: bad ``every``, ``p``, ``c``, ``cycles``; ``update`` called without params or with
+        updates whose structure or shapes differ from the params'.
       TypeError: (at ``init``) a state of ``inner`` whose transformation under rescaling is not
         known; register it with :func:`jaxnorm.optim.state.register_state_rule`.
 
     References:
       Stock et al. 2019, Alg. 2 and Sec. 3.6 Eq. 10.
     """
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"enorm: every must be an integer >= 1, got {every!r}")
-    if isinstance(cycles, int) and cycles < 0:
-        raise ValueError(f"enorm: cycles must be >= 0, got {cycles}")
+    check_inner(inner, "enorm")
+    check_steps(every, "every", "enorm")
+    _check_cycles(cycles)
+    _check_c(c)
 
     def junctions(params: PyTree) -> Sequence[Junction]:
         return chain(params) if spec is None else spec
 
     def init_fn(params: PyTree) -> EnormState:
+        _check_floating(params)
         the_spec = junctions(params)
         jax.eval_shape(lambda x: enorm_balance(x, the_spec, p=p, c=c, cycles=0), params)  # validate
         inner_state = inner.init(params)
         rescale_state(inner_state, jax.tree.map(lambda _: None, params))  # unknown states raise
         return EnormState(count=jnp.zeros([], jnp.int32), inner_state=inner_state)
 
-    def update_fn(updates: PyTree, state: EnormState, params: PyTree | None = None):
-        if params is None:
-            raise ValueError("enorm: update needs the params: tx.update(grads, state, params)")
+    def update_fn(updates: PyTree, state: EnormState, params: PyTree | None = None, **extra_args):
+        del extra_args
+        check_updates(updates, params, "enorm")
         the_spec = junctions(params)
         updates, inner_state = inner.update(updates, state.inner_state, params)
         stepped = optax.apply_updates(params, updates)
@@ -108,4 +117,55 @@ def enorm(
         new_updates = jax.tree.map(lambda b, w: (b - w).astype(w.dtype), balanced, params)
         return new_updates, EnormState(count=count, inner_state=inner_state)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return pure_transform(as_dicts(init_fn), as_dicts(update_fn))
+
+
+def as_dicts(fn):
+    """Stop-gap until ``jaxnorm.enorm`` takes ``nnx.State``: run ``fn`` on nested dicts.
+
+    ``nnx.State`` arguments (params, updates) are converted with ``to_pure_dict()``; State-shaped
+    results are rebuilt from the dict results' leaves (both flatten in sorted key order).
+    """
+
+    def wrapped(*args, **kwargs):
+        states = [a for a in args if _is_state(a)]
+        if not states:
+            return fn(*args, **kwargs)
+        like = states[0]
+        result = fn(*[a.to_pure_dict() if _is_state(a) else a for a in args], **kwargs)
+        if isinstance(result, tuple) and not hasattr(result, "_fields"):  # (updates, state)
+            updates, state = result
+            return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(updates)), state
+        return result
+
+    return wrapped
+
+
+def _is_state(x: Any) -> bool:
+    return type(x).__name__ == "State" and callable(getattr(x, "to_pure_dict", None))
+
+
+def _check_cycles(cycles: Any) -> None:
+    if isinstance(cycles, jax.core.Tracer):
+        return
+    if isinstance(cycles, bool) or not isinstance(cycles, int | np.integer) or cycles < 0:
+        raise ValueError(f"enorm: cycles must be an integer >= 0, got {cycles!r}")
+
+
+def _check_c(c: Any) -> None:
+    if isinstance(c, jax.core.Tracer):
+        return
+    value = np.asarray(c)
+    if value.dtype == np.bool_ or not np.issubdtype(value.dtype, np.number) or value.ndim != 0:
+        raise TypeError(f"enorm: c must be a positive number, got {c!r}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"enorm: c must be > 0 and finite, got {c!r}")
+
+
+def _check_floating(params: PyTree) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            raise TypeError(
+                f"enorm: params{jax.tree_util.keystr(path)} has dtype {jnp.result_type(leaf)}; ENorm "
+                "rescales every leaf of the chain, which needs floating params"
+            )

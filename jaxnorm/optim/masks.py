@@ -22,6 +22,7 @@ import jax
 
 from jaxnorm.enorm.discover import scale_invariant_kernels
 from jaxnorm.enorm.spec import unwrap_variables
+from jaxnorm.optim.rescaling import pure
 
 __all__ = ["scale_invariant_mask"]
 
@@ -42,16 +43,21 @@ def scale_invariant_mask(apply_fn: Callable, variables: PyTree, *args: Any, **kw
         as ``train=False`` are passed as they are.
 
     Returns:
-      A tree with the structure of the params (``variables["params"]`` for a variables dict),
-      usable as ``mask=`` of ``optax.masked`` or :func:`jaxnorm.optim.weight_rescaling`.
+      A tree with the structure of the params (``variables["params"]`` for a variables dict; for an
+      ``nnx.State`` of params, an ``nnx.State`` of bools without ``Variable`` wrappers), usable as
+      ``mask=`` of ``optax.masked`` or :func:`jaxnorm.optim.weight_rescaling`.
+
+    NNX: pass ``nnx.state(model, nnx.Param)`` (or the params of ``nnx.split(model, nnx.Param, ...)``)
+    and an ``apply_fn`` that merges them with the rest of the state taken as pure arrays, e.g.
+    ``lambda p, x: nnx.merge(graphdef, p, nnx.as_pure(rest))(x)`` with the model in training mode.
 
     Limitations: a bias added between the kernel and the BN (which the BN's mean subtraction
     cancels) is not recognised; build such layers with ``use_bias=False``.
     """
     flags = scale_invariant_kernels(apply_fn, variables, *args, **kwargs)
     params, _ = unwrap_variables(variables)
-    return jax.tree_util.tree_map_with_path(
+    return pure(jax.tree_util.tree_map_with_path(
         lambda path, _: flags.get(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path),
                                   False),
         params,
-    )
+    ))

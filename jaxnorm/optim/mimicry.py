@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.functional.weight import unit_norm
-from jaxnorm.optim.rescaling import MaskOrFn, check_params, resolve_mask
+from jaxnorm.optim.rescaling import MaskOrFn, check_steps, check_updates, pure_transform, resolve_mask
 from jaxnorm.optim.state import register_state_rule
 
 __all__ = [
@@ -66,8 +66,10 @@ register_state_rule(NormRecordState)
 
 
 def _check_every(every: Any, fn_name: str) -> None:
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"{fn_name}: every must be a positive int, got {every!r}")
+    try:
+        check_steps(every, "every", fn_name)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
 
 
 def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> optax.GradientTransformation:
@@ -84,9 +86,13 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
       every: record every ``every``-th update.
       mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
     """
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
-        raise ValueError(f"record_norms: num_steps must be a positive int, got {num_steps!r}")
+    try:
+        check_steps(num_steps, "num_steps", "record_norms")
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+    num_steps = int(num_steps)
     _check_every(every, "record_norms")
+    every = int(every)
     rows = -(-num_steps // every)
 
     def init_fn(params):
@@ -96,8 +102,9 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
         )
         return NormRecordState(count=jnp.zeros([], jnp.int32), norms=norms)
 
-    def update_fn(updates, state, params=None):
-        check_params(params, "record_norms")
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        check_updates(updates, params, "record_norms")
         flags = resolve_mask(mask, params, "record_norms")
         row = state.count // every
         record = (state.count % every == 0) & (row < rows)
@@ -115,7 +122,7 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
         norms = jax.tree.map(leaf, flags, state.norms, params, is_leaf=lambda x: x is None)
         return updates, NormRecordState(count=optax.safe_increment(state.count), norms=norms)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)
 
 
 def _reference_row(reference: PyTree, index: jax.Array) -> PyTree:
@@ -215,6 +222,7 @@ def wd_mimicry(
       Liu et al., Sec. 4.1 (the "scale lr" experiment).
     """
     _check_every(every, "wd_mimicry")
+    every = int(every)
     if not callable(step_decay) and not 0.0 <= float(step_decay) < 1.0:
         raise ValueError(f"wd_mimicry: step_decay (eta * lambda) must be in [0, 1), got {step_decay!r}")
     select = _reference_mask(reference_norms, mask, "wd_mimicry")
@@ -223,8 +231,9 @@ def wd_mimicry(
         _check_reference(reference_norms, params, resolve_mask(select, params, "wd_mimicry"), "wd_mimicry")
         return WDMimicryState(count=jnp.zeros([], jnp.int32))
 
-    def update_fn(updates, state, params=None):
-        check_params(params, "wd_mimicry")
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        check_updates(updates, params, "wd_mimicry")
         flags = resolve_mask(select, params, "wd_mimicry")
         flat_ref = _check_reference(reference_norms, params, flags, "wd_mimicry")
         treedef = jax.tree.structure(params)
@@ -246,7 +255,7 @@ def wd_mimicry(
             new_updates.append(u)
         return treedef.unflatten(new_updates), WDMimicryState(count=optax.safe_increment(state.count))
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)
 
 
 def reference_schedule(reference_norms: PyTree, *, every: int = 1) -> Callable[[jax.Array], PyTree]:
@@ -258,6 +267,7 @@ def reference_schedule(reference_norms: PyTree, *, every: int = 1) -> Callable[[
     kernels (leaves without a reference are ``None``).
     """
     _check_every(every, "reference_schedule")
+    every = int(every)
 
     def schedule(count):
         return _reference_row(reference_norms, (count + 1) // every)

@@ -14,7 +14,14 @@ Liu et al., Cor. 3.3). Fixing the norm therefore fixes the effective step size:
   units step at the constant base rate while their norms follow ``sqrt(eta_0 / eta(t))``.
 
 Both express the projection ``P`` as the update ``P(p + u) - p`` and go last in an ``optax.chain``;
-the projection is :func:`jaxnorm.functional.weight.project_to_norm`.
+the projection is :func:`jaxnorm.functional.weight.project_to_norm`, computed in at least float32 and
+returned as an update that ``optax.apply_updates`` lands on ``P(p + u)`` in every dtype
+(:mod:`jaxnorm.optim.landing`; for bfloat16/float16 params the update of a projected leaf is float32).
+
+Targets that are not positive and finite (a schedule returning 0, a negative or ``inf`` value, a
+zero recorded norm) leave the unit unprojected on that step: its update passes through and its
+scale (:func:`jaxnorm.optim.last_scales`) is 1. Where such a value is known at construction or
+``init`` it raises instead.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import numpy as np
 import optax
 
 from jaxnorm.functional.weight import project_to_norm, unit_norm
-from jaxnorm.optim.rescaling import MaskOrFn, check_params, resolve_mask
+from jaxnorm.optim import landing
+from jaxnorm.optim.rescaling import MaskOrFn, check_updates, ones_scales, pure_transform, resolve_mask
 from jaxnorm.optim.state import register_state_rule
 
 __all__ = [
@@ -50,9 +58,13 @@ class BWNProjectionState(NamedTuple):
     Attributes:
       norms: per-unit target norms recorded at ``init`` (``(out,)`` per selected kernel, ``None``
         elsewhere); all ``None`` when a fixed ``rho`` was given.
+      scales: per selected kernel the ``(out,)`` factors ``s`` of the last update, ``w_new = w / s``
+        with ``w = p + u`` (ones before the first update); ``None`` elsewhere
+        (:func:`jaxnorm.optim.last_scales`).
     """
 
     norms: PyTree
+    scales: PyTree = None
 
 
 # The recorded targets are hyperparameters, not gradient statistics: a rescaling leaves them alone.
@@ -60,9 +72,18 @@ register_state_rule(BWNProjectionState)
 
 
 class NormScheduleState(NamedTuple):
-    """State of :func:`norm_schedule`: ``count``, the number of updates applied so far."""
+    """State of :func:`norm_schedule` and :func:`norm_schedule_from_lr`.
+
+    Attributes:
+      count: the number of updates applied so far.
+      scales: as in :class:`BWNProjectionState`.
+    """
 
     count: jnp.ndarray
+    scales: PyTree = None
+
+
+register_state_rule(NormScheduleState)
 
 
 def _check_positive(rho: Any, fn_name: str, name: str) -> None:
@@ -72,8 +93,8 @@ def _check_positive(rho: Any, fn_name: str, name: str) -> None:
         value = np.asarray(leaf)
         if not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
             raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
-        if np.any(~(value > 0)):
-            raise ValueError(f"{fn_name}: {name} must be positive norms, got {leaf!r}")
+        if np.any(~(value > 0)) or np.any(~np.isfinite(value)):
+            raise ValueError(f"{fn_name}: {name} must be positive finite norms, got {leaf!r}")
 
 
 def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: str) -> list:
@@ -103,7 +124,7 @@ def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: s
     return flat
 
 
-def project_units(updates: PyTree, params: PyTree, flags: PyTree, targets: list) -> PyTree:
+def project_units(updates: PyTree, params: PyTree, flags: PyTree, targets: list) -> tuple[PyTree, PyTree]:
     """The update ``P(p + u) - p`` with ``P`` the per-unit projection to norm ``target`` on the
     leaves selected by ``flags`` (a bool tree); other leaves keep their update.
 
@@ -112,9 +133,13 @@ def project_units(updates: PyTree, params: PyTree, flags: PyTree, targets: list)
       params: current params ``p``.
       flags: bool tree with the params' structure.
       targets: one entry per params leaf (flattened order): scalar or ``(out,)`` norms.
+
+    Returns:
+      ``(updates, scales)``: the updates, and per selected kernel the ``(out,)`` factors
+      ``s = ||p + u|| / rho`` (``P(p + u) = (p + u) / s``; 1 for the units left alone), else None.
     """
     treedef = jax.tree.structure(params)
-    new_updates = []
+    new_updates, scales = [], []
     for flag, p, u, rho in zip(
         treedef.flatten_up_to(flags),
         treedef.flatten_up_to(params),
@@ -123,9 +148,25 @@ def project_units(updates: PyTree, params: PyTree, flags: PyTree, targets: list)
         strict=True,
     ):
         if flag:
-            u = (project_to_norm(p + u, rho) - p).astype(u.dtype)
+            u, scale = _project_leaf(p, u, rho)
+        else:
+            scale = None
         new_updates.append(u)
-    return treedef.unflatten(new_updates)
+        scales.append(scale)
+    return treedef.unflatten(new_updates), treedef.unflatten(scales)
+
+
+def _project_leaf(p: jax.Array, u: jax.Array, rho: Any) -> tuple[jax.Array, jax.Array]:
+    """One kernel: the landing update onto ``P(p + u)`` and the scales; units whose target is not
+    positive and finite are not projected."""
+    w = landing.stepped(p, u)
+    rho = jnp.broadcast_to(jnp.asarray(rho, w.dtype), (p.shape[-1],))
+    valid = jnp.isfinite(rho) & (rho > 0)
+    safe_rho = jnp.where(valid, rho, jnp.ones_like(rho))
+    update, moved = landing.land(p, u, project_to_norm(w, safe_rho, epsilon=0.0), valid)
+    norm = unit_norm(w)
+    moved = moved & (norm > 0)
+    return update, jnp.where(moved, norm / safe_rho, jnp.ones_like(norm))
 
 
 def bwn_projection(
@@ -135,10 +176,13 @@ def bwn_projection(
 
     After every update each selected unit has ``||w[..., j]||_2 = rho_j``:
 
-    * ``rho=None``: ``rho_j`` is the unit's norm at ``init`` (recorded in the state);
-    * ``rho="layer"``: the paper's per-layer scalar, the mean of the layer's initial unit norms;
-    * ``rho`` a positive number (every unit) or a tree with the params' structure holding a scalar or
-      an ``(out,)`` vector per selected kernel.
+    * ``rho=None``: ``rho_j`` is the unit's norm at ``init`` (recorded in the state); a unit that is
+      zero at ``init`` gets the mean norm of the layer's nonzero units (it is not pinned at 0);
+    * ``rho="layer"``: the paper's per-layer scalar, the mean of the layer's nonzero initial unit norms;
+    * ``rho`` a positive finite number (every unit) or a tree with the params' structure holding a
+      scalar or an ``(out,)`` vector per selected kernel.
+
+    A selected kernel that is zero everywhere at ``init`` raises with ``rho=None`` / ``"layer"``.
 
     Place it last in ``optax.chain``; the update is ``P(p + u) - p``. Combine it with mean-only batch
     norm for the paper's BWN recipe. The optimizer's state is left as it is.
@@ -163,29 +207,45 @@ def bwn_projection(
 
     def init_fn(params: PyTree) -> BWNProjectionState:
         flags = resolve_mask(mask, params, "bwn_projection")
+        scales = ones_scales(params, flags)
         if rho is not None and not isinstance(rho, str):
             _per_leaf_targets(rho, params, flags, "bwn_projection")  # shape check
-            return BWNProjectionState(norms=jax.tree.map(lambda _: None, params))
-
-        def leaf(flag, p):
-            if not flag:
-                return None
-            norms = unit_norm(p)
-            return jnp.full_like(norms, jnp.mean(norms)) if rho == "layer" else norms
-
-        return BWNProjectionState(norms=jax.tree.map(leaf, flags, params))
+            return BWNProjectionState(norms=jax.tree.map(lambda _: None, params), scales=scales)
+        paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        treedef = jax.tree.structure(params)
+        leaves = zip(paths, treedef.flatten_up_to(flags), treedef.flatten_up_to(params), strict=True)
+        norms = [_initial_norms(p, rho == "layer", path) if flag else None for path, flag, p in leaves]
+        return BWNProjectionState(norms=treedef.unflatten(norms), scales=scales)
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
-        check_params(params, "bwn_projection")
+        check_updates(updates, params, "bwn_projection")
         flags = resolve_mask(mask, params, "bwn_projection")
         if rho is None or isinstance(rho, str):
             targets = jax.tree.structure(params).flatten_up_to(state.norms)
         else:
             targets = _per_leaf_targets(rho, params, flags, "bwn_projection")
-        return project_units(updates, params, flags, targets), state
+        updates, scales = project_units(updates, params, flags, targets)
+        return updates, state._replace(scales=scales)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)
+
+
+def _initial_norms(p: jax.Array, layer: bool, path: str) -> jax.Array:
+    """BWN's targets from the initial kernel: the unit norms, with zero units given the mean of the
+    layer's nonzero unit norms (``layer=True``: that mean for every unit). A kernel that is zero
+    everywhere has no norm to keep: ``ValueError`` (when ``p`` is concrete)."""
+    norms = unit_norm(p)
+    nonzero = norms > 0
+    count = jnp.sum(nonzero)
+    if not isinstance(count, jax.core.Tracer) and int(count) == 0:
+        raise ValueError(
+            f"bwn_projection: params{path} is zero at init, so it has no norm to keep; pass rho= "
+            "(a positive number or tree) or leave it out of the mask"
+        )
+    mean = jnp.sum(jnp.where(nonzero, norms, 0.0)) / jnp.maximum(count, 1)
+    return jnp.full_like(norms, mean) if layer else jnp.where(nonzero, norms, mean)
+
 
 
 def norm_schedule(
@@ -203,6 +263,11 @@ def norm_schedule(
       schedule: ``count -> rho`` (an ``optax.Schedule``) or a constant; ``rho`` is a positive scalar
         or a tree with the params' structure (a scalar or ``(out,)`` vector per selected kernel).
         Under ``optax.inject_hyperparams`` the schedule is evaluated there and passed in as a value.
+        A constant must be positive and finite (``ValueError``); a callable is evaluated at
+        ``init`` on count 0 and must be positive and finite there (``ValueError``, unless ``init``
+        runs under ``jit``). On later steps a value ``<= 0``, ``inf`` or NaN cannot be checked under
+        ``jit``: the units it targets are not projected on that step (their update passes through,
+        their scale is 1), never zeroed or flipped.
       mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
 
     Returns:
@@ -215,19 +280,24 @@ def norm_schedule(
         _check_positive(schedule, "norm_schedule", "schedule values")
 
     def init_fn(params: PyTree) -> NormScheduleState:
-        del params
-        return NormScheduleState(count=jnp.zeros([], jnp.int32))
+        flags = resolve_mask(mask, params, "norm_schedule")
+        count = jnp.zeros([], jnp.int32)
+        rho = schedule(count) if callable(schedule) else schedule
+        if callable(schedule):
+            _check_positive(rho, "norm_schedule", "schedule values (schedule(0))")
+        _per_leaf_targets(rho, params, flags, "norm_schedule")
+        return NormScheduleState(count=count, scales=ones_scales(params, flags))
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
-        check_params(params, "norm_schedule")
+        check_updates(updates, params, "norm_schedule")
         flags = resolve_mask(mask, params, "norm_schedule")
         rho = schedule(state.count) if callable(schedule) else schedule
         targets = _per_leaf_targets(rho, params, flags, "norm_schedule")
-        updates = project_units(updates, params, flags, targets)
-        return updates, NormScheduleState(count=optax.safe_increment(state.count))
+        updates, scales = project_units(updates, params, flags, targets)
+        return updates, NormScheduleState(count=optax.safe_increment(state.count), scales=scales)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)
 
 
 # Where the schedule reaches 0, the norm stops growing at sqrt(1 / MIN_LR_RATIO) = 1000 times the base.
@@ -285,12 +355,12 @@ def norm_schedule_from_lr(
         raise ValueError(f"norm_schedule_from_lr: {what} must be positive, got {base}")
 
     def init_fn(params: PyTree) -> NormScheduleState:
-        del params
-        return NormScheduleState(count=jnp.zeros([], jnp.int32))
+        flags = resolve_mask(mask, params, "norm_schedule_from_lr")
+        return NormScheduleState(count=jnp.zeros([], jnp.int32), scales=ones_scales(params, flags))
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
-        check_params(params, "norm_schedule_from_lr")
+        check_updates(updates, params, "norm_schedule_from_lr")
         flags = resolve_mask(mask, params, "norm_schedule_from_lr")
         eta = jnp.asarray(learning_rate(state.count))
         step_scale = jnp.where(eta > 0, base / jnp.where(eta > 0, eta, 1.0), 0.0)
@@ -300,7 +370,7 @@ def norm_schedule_from_lr(
             lambda flag, u: (u * step_scale).astype(u.dtype) if flag else u, flags, updates
         )
         targets = [rho] * jax.tree.structure(params).num_leaves
-        updates = project_units(updates, params, flags, targets)
-        return updates, NormScheduleState(count=optax.safe_increment(state.count))
+        updates, scales = project_units(updates, params, flags, targets)
+        return updates, NormScheduleState(count=optax.safe_increment(state.count), scales=scales)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)

@@ -39,11 +39,19 @@ import numpy as np
 import optax
 
 from jaxnorm.functional.weight import unit_norm
+from jaxnorm.optim import landing
 from jaxnorm.optim import state as state_lib
 
 __all__ = [
     "WeightRescalingState",
+    "check_inner",
+    "check_params",
+    "check_steps",
+    "check_updates",
     "default_mask",
+    "ones_scales",
+    "pure",
+    "pure_transform",
     "resolve_mask",
     "unit_multiplier",
     "weight_rescaling",
@@ -59,13 +67,45 @@ class WeightRescalingState(NamedTuple):
     Attributes:
       count: number of updates applied so far (int32 scalar).
       inner_state: the wrapped optimizer's state (``optax.EmptyState()`` as a chain element).
+      scales: per selected kernel the ``(out,)`` factors ``s`` of the last update, ``w_new = w / s``
+        with ``w = p + u`` the stepped params (ones when it did not rescale); ``None`` elsewhere.
+        Read them with :func:`jaxnorm.optim.last_scales`.
     """
 
     count: jnp.ndarray
     inner_state: optax.OptState
+    scales: PyTree = None
 
 
 state_lib.register_state_rule(WeightRescalingState, nested=("inner_state",))
+
+
+def pure(tree: PyTree) -> PyTree:
+    """``tree`` with Flax NNX ``Variable`` wrappers replaced by their values (``nnx.as_pure``); any
+    other tree is returned as it is. ``nnx.state(model, nnx.Param)`` thus becomes an ``nnx.State``
+    of arrays, the pytree ``nnx.Optimizer`` passes to ``tx.update``."""
+    from flax import nnx  # only NNX trees need it; imported here to keep jaxnorm.optim light
+
+    return nnx.as_pure(tree)
+
+
+def pure_transform(init_fn: Callable, update_fn: Callable) -> optax.GradientTransformationExtraArgs:
+    """An optax transformation that sees params and updates without NNX ``Variable`` wrappers.
+
+    ``init`` and ``update`` accept plain pytrees, ``nnx.State`` of arrays (what ``nnx.Optimizer``
+    passes) and ``nnx.State`` of ``Variable`` objects (``nnx.state(model, nnx.Param)``, ``nnx.grad``'s
+    output); the returned updates have the structure of the incoming ``updates``.
+    """
+
+    def init(params: PyTree):
+        return init_fn(pure(params))
+
+    def update(updates: PyTree, state: Any, params: PyTree = None, **extra_args):
+        new_updates, state = update_fn(pure(updates), state, pure(params), **extra_args)
+        restored = jax.tree.unflatten(jax.tree.structure(updates), jax.tree.leaves(new_updates))
+        return restored, state
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def default_mask(params: PyTree) -> PyTree:
@@ -91,10 +131,10 @@ def resolve_mask(mask: MaskOrFn, params: PyTree, fn_name: str) -> PyTree:
     """
     if mask is None:
         mask = default_mask
-    mask_tree = mask(params) if callable(mask) else mask
+    mask_tree = pure(mask(params) if callable(mask) else mask)
     params_def = jax.tree.structure(params)
     try:
-        flat_mask = params_def.flatten_up_to(mask_tree)
+        flat_mask = _flatten_mask(params, mask_tree)
     except (ValueError, TypeError) as err:
         raise ValueError(
             f"{fn_name}: mask does not match the params tree: expected one bool per params "
@@ -119,12 +159,50 @@ def resolve_mask(mask: MaskOrFn, params: PyTree, fn_name: str) -> PyTree:
     return params_def.unflatten(flags)
 
 
+def _flatten_mask(params: PyTree, mask_tree: PyTree) -> list:
+    """The mask's leaves in params order; an ``nnx.State`` of params also takes a nested-dict mask
+    (its ``to_pure_dict()`` form, which flattens in the same sorted key order)."""
+    try:
+        return jax.tree.structure(params).flatten_up_to(mask_tree)
+    except (ValueError, TypeError):
+        if not (isinstance(mask_tree, dict) and callable(getattr(params, "to_pure_dict", None))):
+            raise
+        return jax.tree.structure(params.to_pure_dict()).flatten_up_to(mask_tree)
+
+
 def check_params(params: PyTree, fn_name: str) -> None:
     """Raise the optax error for a params-dependent transform called without params."""
     if params is None:
         raise ValueError(
-            f"{fn_name}: update needs the current params, got params=None; call "
+            f"{fn_name}: update needs the params (got params=None); call "
             "tx.update(updates, state, params)"
+        )
+
+
+def check_updates(updates: PyTree, params: PyTree, fn_name: str) -> None:
+    """``updates`` must have the params' tree structure and every leaf the params leaf's shape."""
+    check_params(params, fn_name)
+    treedef = jax.tree.structure(params)
+    try:
+        flat = treedef.flatten_up_to(updates)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{fn_name}: updates (the gradients) must have the structure of params {treedef}, got "
+            f"{jax.tree.structure(updates)}"
+        ) from err
+    for (path, p), u in zip(jax.tree_util.tree_flatten_with_path(params)[0], flat, strict=True):
+        if jnp.shape(u) != jnp.shape(p):
+            raise ValueError(
+                f"{fn_name}: updates{jax.tree_util.keystr(path)} has shape {jnp.shape(u)}, but "
+                f"params{jax.tree_util.keystr(path)} has shape {jnp.shape(p)}"
+            )
+
+
+def check_inner(inner: Any, fn_name: str) -> None:
+    """``inner`` must be an optax transformation (``init`` and ``update``), e.g. ``optax.sgd(0.1)``."""
+    if not (callable(getattr(inner, "init", None)) and callable(getattr(inner, "update", None))):
+        raise TypeError(
+            f"{fn_name}: inner must be an optax.GradientTransformation (e.g. optax.sgd(0.1)), got {inner!r}"
         )
 
 
@@ -136,20 +214,36 @@ def unit_multiplier(w: jax.Array) -> jax.Array:
     """``1 / ||w[..., j]||_2`` per output unit, shape ``(out,)``; 1 for a zero unit (left as it is).
 
     ``w * unit_multiplier(w)`` has every nonzero unit at norm 1 (Liu et al., Sec. 5); the multiplier is
-    what :func:`jaxnorm.optim.state.rescale_state` takes for ``w' = w * m``.
+    what :func:`jaxnorm.optim.state.rescale_state` takes for ``w' = w * m``. The norm is computed
+    without overflow (:func:`jaxnorm.functional.weight.unit_norm`); a unit whose norm is not finite
+    gets 1.
     """
     norm = unit_norm(w)
-    return jnp.where(norm > 0, 1.0 / jnp.where(norm > 0, norm, 1.0), 1.0)
+    ok = (norm > 0) & jnp.isfinite(norm)
+    return jnp.where(ok, 1.0 / jnp.where(ok, norm, 1.0), 1.0)
 
 
-def _check_tau(tau: Any) -> None:
-    if isinstance(tau, bool) or not isinstance(tau, int | float | np.ndarray | jax.Array):
-        raise TypeError(f"weight_rescaling: tau must be a positive int (steps), got {tau!r}")
-    if isinstance(tau, jax.core.Tracer):
-        return  # a hyperparameter injected by optax.inject_hyperparams, checked at construction
-    value = np.asarray(tau)
-    if value.ndim != 0 or value <= 0 or value != np.floor(value):
-        raise ValueError(f"weight_rescaling: tau must be a positive integer number of steps, got {tau!r}")
+# The step counter is int32 (optax.safe_increment saturates there): a larger tau never fires.
+_MAX_STEPS = int(np.iinfo(np.int32).max)
+
+
+def check_steps(value: Any, name: str, fn_name: str) -> None:
+    """``value`` must be an integer number of steps in ``[1, 2**31 - 1]``: a Python or NumPy int or
+    a 0-d integer array (a traced value, from ``optax.inject_hyperparams``, is checked there)."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer | np.ndarray | jax.Array):
+        kind = "non-integer" if isinstance(value, float | np.floating) else "not an integer"
+        raise (ValueError if isinstance(value, float | np.floating) else TypeError)(
+            f"{fn_name}: {name} must be a positive integer number of steps, got {value!r} ({kind})"
+        )
+    array = np.asarray(value)
+    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{fn_name}: {name} must be a positive integer number of steps, got {value!r}")
+    if not 1 <= int(array) <= _MAX_STEPS:
+        raise ValueError(
+            f"{fn_name}: {name} must be an integer in [1, 2**31 - 1] (the int32 step counter), got {value!r}"
+        )
 
 
 def weight_rescaling(
@@ -185,7 +279,9 @@ def weight_rescaling(
       Sec. 5 and Supp. A.4; Stock et al., *Equi-normalization of neural networks* (ICLR 2019),
       Eq. 10.
     """
-    _check_tau(tau)
+    check_steps(tau, "tau", "weight_rescaling")
+    if inner is not None:
+        check_inner(inner, "weight_rescaling")
     if rescale_state and inner is None:
         raise ValueError(
             "weight_rescaling: rescale_state=True needs inner=<optimizer> whose state to rescale; "
@@ -194,11 +290,14 @@ def weight_rescaling(
     wrapped = None if inner is None else optax.with_extra_args_support(inner)
 
     def init_fn(params: PyTree) -> WeightRescalingState:
+        flags = resolve_mask(mask, params, "weight_rescaling")
         inner_state = optax.EmptyState() if wrapped is None else wrapped.init(params)
-        return WeightRescalingState(count=jnp.zeros([], jnp.int32), inner_state=inner_state)
+        return WeightRescalingState(
+            count=jnp.zeros([], jnp.int32), inner_state=inner_state, scales=ones_scales(params, flags)
+        )
 
     def update_fn(updates, state, params=None, **extra_args):
-        check_params(params, "weight_rescaling")
+        check_updates(updates, params, "weight_rescaling")
         flags = resolve_mask(mask, params, "weight_rescaling")
         inner_state = state.inner_state
         if wrapped is not None:
@@ -211,34 +310,50 @@ def weight_rescaling(
         flat_updates = treedef.flatten_up_to(updates)
         selected = [i for i, flag in enumerate(flat_flags) if flag]
         do_rescale = jnp.equal(jnp.mod(count, jnp.asarray(tau, count.dtype)), 0)
-
-        # Only the per-unit multipliers come out of the cond: on the other steps its identity branch
-        # returns ones of shape (out,) and touches no parameter-sized buffer.
-        def norms_branch(ps, us):
-            return tuple(unit_multiplier(p + u) for p, u in zip(ps, us, strict=True))
-
-        def ones_branch(ps, us):
-            del us
-            return tuple(jnp.ones(p.shape[-1], _norm_dtype(p)) for p in ps)
-
-        chosen_p = tuple(flat_params[i] for i in selected)
-        chosen_u = tuple(flat_updates[i] for i in selected)
-        multipliers = jax.lax.cond(do_rescale, norms_branch, ones_branch, chosen_p, chosen_u)
-        flat_multipliers: list = [None] * len(flat_flags)
-        for i, multiplier in zip(selected, multipliers, strict=True):
+        # Only the (out,) factors come out of the cond: on the other tau - 1 steps its identity branch
+        # returns ones and computes no norm; the update below is elementwise and fuses.
+        chosen = tuple((flat_params[i], flat_updates[i]) for i in selected)
+        scales = jax.lax.cond(do_rescale, _rescale_units, _keep_units, chosen)
+        flat_scales: list = [None] * len(flat_flags)
+        for i, s in zip(selected, scales, strict=True):
             p, u = flat_params[i], flat_updates[i]
-            # r(p + u) - p, and exactly u on the steps (and units) with m == 1
-            flat_updates[i] = jnp.where(multiplier == 1, u, (p + u) * multiplier - p).astype(u.dtype)
-            flat_multipliers[i] = multiplier
+            w = landing.stepped(p, u)
+            flat_updates[i] = jnp.where(s == 1, u.astype(w.dtype), landing.to_target(p, u, w / s))
+            flat_scales[i] = s
         updates = treedef.unflatten(flat_updates)
         if rescale_state:
+            multipliers = treedef.unflatten([None if s is None else 1.0 / s for s in flat_scales])
             inner_state = jax.lax.cond(
-                do_rescale,
-                lambda s, m: state_lib.rescale_state(s, treedef.unflatten(list(m))),
-                lambda s, m: s,
-                inner_state,
-                tuple(flat_multipliers),
+                do_rescale, state_lib.rescale_state, lambda s, m: s, inner_state, multipliers
             )
-        return updates, WeightRescalingState(count=count, inner_state=inner_state)
+        scales = treedef.unflatten(flat_scales)
+        return updates, WeightRescalingState(count=count, inner_state=inner_state, scales=scales)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return pure_transform(init_fn, update_fn)
+
+
+def _rescale_units(chosen: tuple) -> tuple:
+    """Per selected kernel the ``(out,)`` factors ``s = ||p + u||``, with which the update lands on
+    ``r(p + u) = (p + u) / s`` (:func:`jaxnorm.optim.landing.land`); ``s = 1`` for the units it
+    leaves alone (zero, non-finite, or a landing off by more than the tolerance)."""
+    out = []
+    for p, u in chosen:
+        w = landing.stepped(p, u)
+        norm = unit_norm(w)
+        move = (norm > 0) & jnp.isfinite(norm)
+        safe = jnp.where(move, norm, jnp.ones_like(norm))
+        _, moved = landing.land(p, u, w / safe, move)
+        out.append(jnp.where(moved, safe, jnp.ones_like(safe)))
+    return tuple(out)
+
+
+def _keep_units(chosen: tuple) -> tuple:
+    """The identity branch: ``s = 1`` for every unit."""
+    return tuple(jnp.ones(p.shape[-1], landing.update_dtype(p, u)) for p, u in chosen)
+
+
+def ones_scales(params: PyTree, flags: PyTree) -> PyTree:
+    """The ``scales`` of a transform that has not fired: ones ``(out,)`` per selected kernel, else None."""
+    return jax.tree.map(
+        lambda flag, p: jnp.ones(jnp.shape(p)[-1], landing.update_dtype(p)) if flag else None, flags, params
+    )

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["StateRule", "register_state_rule", "rescale_state", "state_rule"]
+__all__ = ["StateRule", "register_state_rule", "rescale_state", "saturating_divide"]
 
 PyTree = Any
 
@@ -82,11 +82,6 @@ def register_state_rule(
     _RULES[state_type] = StateRule(first, second, nested)
 
 
-def state_rule(state_type: type) -> StateRule | None:
-    """The registered rule of ``state_type``, or ``None``."""
-    return _RULES.get(state_type)
-
-
 def _is_masked(x: Any) -> bool:
     return isinstance(x, optax.MaskedNode)
 
@@ -95,10 +90,23 @@ def _divide(field: PyTree, multipliers: PyTree, power: int) -> PyTree:
     def leaf(state_leaf, multiplier):
         if multiplier is None or _is_masked(state_leaf):
             return state_leaf
-        factor = multiplier if power == 1 else jnp.square(multiplier)
-        return (state_leaf / factor).astype(state_leaf.dtype)
+        return saturating_divide(state_leaf, multiplier, power)
 
     return jax.tree.map(leaf, field, multipliers, is_leaf=lambda x: x is None or _is_masked(x))
+
+
+def saturating_divide(x: jax.Array, m: jax.Array, power: int = 1) -> jax.Array:
+    """``x / m**power`` computed in at least float32 and returned in ``x``'s dtype, saturated at that
+    dtype's largest finite value: a float16 Adam ``nu`` divided by ``m**2 = 1e-4`` stays finite
+    instead of overflowing to ``inf`` (and then NaN updates). NaN stays NaN."""
+    dtype = jnp.result_type(x)
+    wide = jnp.promote_types(jnp.promote_types(dtype, jnp.float32), jnp.result_type(m))
+    m = jnp.asarray(m, wide)
+    out = jnp.asarray(x, wide) / (m if power == 1 else jnp.square(m))
+    if jnp.issubdtype(dtype, jnp.floating):
+        big = jnp.finfo(dtype).max
+        out = jnp.clip(out, -big, big)
+    return out.astype(dtype)
 
 
 def _has_arrays(node: Any) -> bool:
@@ -119,7 +127,9 @@ def rescale_state(state: PyTree, multipliers: PyTree) -> PyTree:
         for a leaf left unchanged).
 
     Returns:
-      The state with the same structure and dtypes.
+      The state with the same structure and dtypes. Each field is divided in at least float32 and
+      saturated at its dtype's largest finite value (:func:`saturating_divide`), so a float16 state
+      stays finite (an entry that would overflow is clipped to the largest float16, about 65504).
 
     Raises:
       TypeError: a state node that holds arrays and has no registered rule.

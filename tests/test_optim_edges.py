@@ -1,0 +1,294 @@
+"""Edges of the weight-norm transforms: half precision, huge kernels, f16 state, argument checks,
+the recorded scales (``last_scales``). Issue 15, part B."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnorm import optim
+from jaxnorm.functional.weight import project_to_norm
+from jaxnorm.optim import (
+    bwn_projection,
+    last_scales,
+    norm_schedule,
+    norm_schedule_from_lr,
+    record_norms,
+    rescale_state,
+    wd_mimicry,
+    weight_rescaling,
+)
+
+HALF = [jnp.bfloat16, jnp.float16]
+
+
+def _kernel(shape, scale, dtype, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape) * scale, dtype)
+
+
+def _np64(x):
+    x = jnp.asarray(x)
+    return np.asarray(x if x.dtype == jnp.float64 else x.astype(jnp.float32), np.float64)
+
+
+def _project64(w, rho):
+    norm = np.linalg.norm(w.reshape(-1, w.shape[-1]), axis=0)
+    return w * (rho / norm)
+
+
+def _assert_within_one_ulp(new, stepped, rho, dtype):
+    """``new`` is ``P(stepped)`` (computed in at least float32 by project_to_norm) to within one ulp
+    of ``dtype`` per entry, and agrees with a float64 oracle to a few ulps."""
+    eps = float(jnp.finfo(dtype).eps)
+    wide = jnp.promote_types(dtype, jnp.float32)
+    reference = _np64(project_to_norm(jnp.asarray(stepped, wide), rho, epsilon=0.0))
+    error = np.abs(_np64(new) - reference)
+    assert np.all(error <= eps * np.abs(reference) + 1e-30), (error / np.abs(reference)).max() / eps
+    oracle = _project64(np.asarray(stepped, np.float64), rho)
+    np.testing.assert_allclose(_np64(new), oracle, rtol=4 * eps, atol=1e-30)
+
+
+# --- 1. half precision and large kernels -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("kind", ["wrs", "bwn", "schedule"])
+def test_half_precision_large_kernel_lands_on_projection(dtype, kind):
+    """A kernel with entries ~1000 projected to norm 1 (entries ~0.25): ~4000x the target entry.
+    Before the fix every unit ended at norm 0.0 after one step in bf16 and f16."""
+    p = {"w": _kernel((16, 4), 1000.0, dtype), "b": jnp.ones(4, dtype)}
+    g = jax.tree.map(lambda x: jnp.ones_like(x), p)
+    transform = {
+        "wrs": weight_rescaling(1),
+        "bwn": bwn_projection(rho=1.0),
+        "schedule": norm_schedule(1.0),
+    }[kind]
+    tx = optax.chain(optax.sgd(0.5), transform)
+    u, state = tx.update(g, tx.init(p), p)
+    new = optax.apply_updates(p, u)
+    assert new["w"].dtype == dtype and u["b"].dtype == dtype
+    stepped = _np64(p["w"]) - 0.5
+    _assert_within_one_ulp(new["w"], stepped, 1.0, dtype)
+    scales = last_scales(state)
+    np.testing.assert_allclose(_np64(new["w"]) * _np64(scales["w"]), stepped, rtol=1e-2)
+    assert scales["b"] is None
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_full_precision_projection_is_exact(dtype, x64):
+    p = {"w": _kernel((8, 3), 1.0, dtype)}
+    tx = norm_schedule(2.0)
+    u, _ = tx.update(jax.tree.map(jnp.zeros_like, p), tx.init(p), p)
+    new = optax.apply_updates(p, u)
+    assert u["w"].dtype == dtype
+    _assert_within_one_ulp(new["w"], _np64(p["w"]), 2.0, dtype)
+
+
+def test_huge_float32_kernel_is_never_zeroed_or_nan():
+    """Entries ~1e20: the norm does not overflow; a target no float32 update can reach (norm 1)
+    leaves the units as they are (scale 1) instead of zeroing them; reachable targets land."""
+    p = {"w": _kernel((16, 4), 1e20, jnp.float32)}
+    zero = jax.tree.map(jnp.zeros_like, p)
+    tx = weight_rescaling(1)
+    u, state = tx.update(zero, tx.init(p), p)
+    new = optax.apply_updates(p, u)["w"]
+    assert np.all(np.isfinite(new)) and np.all(np.linalg.norm(new, axis=0) > 1e19)
+    np.testing.assert_array_equal(state.scales["w"], 1.0)
+    for tx in (bwn_projection(), norm_schedule(3e21)):
+        u, state = tx.update(zero, tx.init(p), p)
+        new = optax.apply_updates(p, u)["w"]
+        assert np.all(np.isfinite(new))
+        target = np.linalg.norm(_np64(p["w"]), axis=0) if hasattr(state, "norms") else 3e21
+        np.testing.assert_allclose(np.linalg.norm(_np64(new), axis=0), target, rtol=1e-5)
+
+
+def test_rescale_state_keeps_float16_finite():
+    """An f16 Adam nu divided by m**2 = 1e-6 overflowed to inf; it saturates at the f16 maximum."""
+    params = {"w": jnp.ones((3, 2), jnp.float16)}
+    state = optax.adam(1e-3).init(params)
+    full = {"w": jnp.full((3, 2), 100.0, jnp.float16)}
+    state = (state[0]._replace(mu=full, nu=full), *state[1:])
+    out = rescale_state(state, {"w": jnp.asarray([1e-3, 1.0])})
+    nu, mu = out[0].nu["w"], out[0].mu["w"]
+    assert nu.dtype == jnp.float16 and np.all(np.isfinite(nu)) and np.all(np.isfinite(mu))
+    np.testing.assert_array_equal(nu[:, 0], float(jnp.finfo(jnp.float16).max))
+    np.testing.assert_allclose(mu[:, 0], 65504.0)  # 100 / 1e-3 = 1e5 saturates too
+    np.testing.assert_array_equal(nu[:, 1], 100.0)
+
+
+# --- 2. arguments ------------------------------------------------------------------------------
+
+
+def test_tau_validation():
+    for ok in (3, np.int64(3), np.int32(1), jnp.asarray(5), 2**31 - 1):
+        weight_rescaling(ok)
+    for bad in (2**31, 0, -1, 2.5, 3.0, float("inf"), np.float32(2.0), np.ones(2, int)):
+        with pytest.raises(ValueError, match="tau"):
+            weight_rescaling(bad)
+    for bad in (True, "3", None):
+        with pytest.raises(TypeError, match="tau"):
+            weight_rescaling(bad)
+
+
+def test_mask_errors_at_init():
+    params = {"w": jnp.ones((3, 2)), "b": jnp.ones(2)}
+    for make in (lambda m: weight_rescaling(2, mask=m), lambda m: bwn_projection(mask=m),
+                 lambda m: norm_schedule(1.0, mask=m), lambda m: norm_schedule_from_lr(lambda t: 0.1, mask=m),
+                 lambda m: record_norms(3, mask=m)):
+        with pytest.raises(ValueError, match="mask does not match"):
+            make({"w": True}).init(params)
+        with pytest.raises(ValueError, match=r"params\['b'\]"):
+            make({"w": True, "b": True}).init(params)
+
+
+def test_int_kernel_rejected_at_init():
+    params = {"w": jnp.ones((3, 2), jnp.int32)}
+    for tx in (weight_rescaling(1), bwn_projection(rho=1.0), norm_schedule(1.0)):
+        with pytest.raises(TypeError, match=r"params\['w'\].*int32"):
+            tx.init(params)
+    with pytest.raises(TypeError, match=r"params\['dense'\]\['kernel'\]"):
+        optim.enorm(optax.sgd(0.1)).init({"dense": {"kernel": jnp.ones((2, 2), jnp.int32)}})
+
+
+def test_schedule_values_at_most_zero():
+    params = {"w": jnp.ones((3, 2))}
+    for value in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"schedule\(0\)"):
+            norm_schedule(lambda t, v=value: v).init(params)
+    # a value known only under jit: the units are left unprojected, never zeroed or flipped
+    tx = norm_schedule(lambda t: jnp.where(t == 0, 2.0, -1.0))
+    step = jax.jit(tx.update)
+    state = tx.init(params)
+    u, state = step(jax.tree.map(jnp.zeros_like, params), state, params)
+    params = optax.apply_updates(params, u)
+    np.testing.assert_allclose(np.linalg.norm(params["w"], axis=0), 2.0, rtol=1e-6)
+    u, state = step({"w": jnp.full((3, 2), 0.1)}, state, params)
+    new = optax.apply_updates(params, u)
+    np.testing.assert_allclose(new["w"], params["w"] + 0.1, rtol=1e-6)
+    np.testing.assert_array_equal(last_scales(state)["w"], 1.0)
+
+
+def test_bwn_rho_arguments_and_zero_units():
+    for bad in (float("inf"), float("nan"), {"w": float("inf")}):
+        with pytest.raises(ValueError, match="rho"):
+            bwn_projection(rho=bad)
+    p = {"w": jnp.asarray([[3.0, 0.0, 1.0], [4.0, 0.0, 0.0]])}
+    state = bwn_projection().init(p)
+    np.testing.assert_allclose(state.norms["w"], [5.0, 3.0, 1.0])  # the zero unit: mean of 5 and 1
+    np.testing.assert_allclose(bwn_projection(rho="layer").init(p).norms["w"], 3.0)
+    # the zero unit is not pinned at 0: after a step it is projected to the layer mean
+    tx = bwn_projection()
+    u, _ = tx.update({"w": jnp.ones((2, 3))}, state, p)
+    new = optax.apply_updates(p, u)
+    np.testing.assert_allclose(np.linalg.norm(new["w"], axis=0), [5.0, 3.0, 1.0], rtol=1e-6)
+    for rho in (None, "layer"):
+        with pytest.raises(ValueError, match=r"params\['w'\] is zero at init"):
+            bwn_projection(rho=rho).init({"w": jnp.zeros((2, 3))})
+
+
+def test_inner_must_be_a_transformation():
+    with pytest.raises(TypeError, match="inner"):
+        optim.enorm("sgd")
+    with pytest.raises(TypeError, match="inner"):
+        weight_rescaling(2, inner=optax.sgd)
+
+
+def test_enorm_scalar_arguments():
+    for bad in (2.5, -1, True):
+        with pytest.raises(ValueError, match="cycles"):
+            optim.enorm(optax.sgd(0.1), cycles=bad)
+    for bad in (jnp.asarray(-1.0), 0.0, float("inf")):
+        with pytest.raises(ValueError, match="c must be"):
+            optim.enorm(optax.sgd(0.1), c=bad)
+    with pytest.raises(ValueError, match="every"):
+        optim.enorm(optax.sgd(0.1), every=2**31)
+    optim.enorm(optax.sgd(0.1), every=np.int64(2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: weight_rescaling(1), lambda: bwn_projection(), lambda: norm_schedule(1.0),
+    lambda: norm_schedule_from_lr(lambda t: 0.1), lambda: record_norms(2),
+    lambda: wd_mimicry({"dense": {"kernel": jnp.ones((2, 2)), "bias": None}, "out": {"kernel": None}}),
+    lambda: optim.enorm(optax.sgd(0.1)),
+])
+def test_updates_must_match_params(make):
+    params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}, "out": {"kernel": jnp.ones((2, 2))}}
+    tx = make()
+    state = tx.init(params)
+    with pytest.raises(ValueError, match=r"updates\['dense'\]\['kernel'\] has shape \(2, 3\)"):
+        tx.update({**params, "dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(2)}}, state, params)
+    with pytest.raises(ValueError, match=r"updates .* structure of params"):
+        tx.update({**params, "dense": {"kernel": jnp.ones((3, 2))}}, state, params)
+
+
+def test_every_and_num_steps_accept_numpy_ints():
+    record_norms(np.int64(4), every=np.int32(2))
+    wd_mimicry({"w": jnp.ones((2, 2))}, every=np.int64(1))
+    for bad in (2.0, 0, 2**31):
+        with pytest.raises(ValueError, match="every"):
+            record_norms(4, every=bad)
+
+
+# --- 4. last_scales ----------------------------------------------------------------------------
+
+
+def _tree():
+    rng = np.random.default_rng(3)
+    return {
+        "conv": {"kernel": jnp.asarray(rng.normal(size=(3, 3, 2, 4)), jnp.float32),
+                 "bias": jnp.zeros(4)},
+        "dense": {"kernel": jnp.asarray(rng.normal(size=(4, 3)) * 5, jnp.float32)},
+    }
+
+
+@pytest.mark.parametrize("name", ["wrs", "wrs_inner", "bwn", "schedule", "from_lr", "masked_chain"])
+def test_last_scales_reconstruct_the_stepped_params(name):
+    """w_new * s == w_old (the params the optimizer step alone reaches), per unit."""
+    params = _tree()
+    only_dense = {"conv": {"kernel": False, "bias": False}, "dense": {"kernel": True}}
+    sgd = optax.sgd(0.1)
+    tx = {
+        "wrs": optax.chain(sgd, weight_rescaling(2)),
+        "wrs_inner": weight_rescaling(1, inner=optax.sgd(0.1, momentum=0.9), rescale_state=True),
+        "bwn": optax.chain(sgd, bwn_projection(rho="layer")),
+        "schedule": optax.chain(sgd, optax.inject_hyperparams(norm_schedule)(schedule=3.0)),
+        "from_lr": optax.chain(optax.sgd(optax.linear_schedule(0.1, 0.01, 4)),
+                               norm_schedule_from_lr(optax.linear_schedule(0.1, 0.01, 4))),
+        "masked_chain": optax.chain(sgd, optax.masked(weight_rescaling(1), only_dense),
+                                    norm_schedule(2.0, mask=only_dense)),
+    }[name]
+    state = tx.init(params)
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+        u, state = tx.update(grads, state, params)
+        new = optax.apply_updates(params, u)
+        scales = last_scales(state)
+        assert jax.tree.structure(scales, is_leaf=lambda x: x is None) == jax.tree.structure(
+            jax.tree.map(lambda _: 0, params))
+        if name in ("wrs", "bwn", "schedule", "wrs_inner", "masked_chain"):
+            plain = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+            if name == "wrs_inner":
+                plain = None  # momentum: compare through the transform's own output below
+            for path in (("conv", "kernel"), ("dense", "kernel")):
+                s = scales[path[0]][path[1]]
+                if s is None:
+                    continue
+                w_new = np.asarray(new[path[0]][path[1]])
+                if plain is not None:
+                    w_old = np.asarray(plain[path[0]][path[1]])
+                    np.testing.assert_allclose(w_new * np.asarray(s), w_old, rtol=2e-5, atol=1e-6)
+                fired = name != "wrs" or step % 2 == 1
+                if name in ("wrs", "wrs_inner", "masked_chain") and path[1] == "kernel" and fired:
+                    np.testing.assert_allclose(np.linalg.norm(w_new.reshape(-1, w_new.shape[-1]), axis=0),
+                                               2.0 if name == "masked_chain" else 1.0, rtol=1e-5)
+                if not fired:
+                    np.testing.assert_array_equal(s, 1.0)
+        params = new
+    assert last_scales(state)["conv"]["bias"] is None
+
+
+def test_last_scales_without_a_rescaling_state():
+    with pytest.raises(ValueError, match="no state of weight_rescaling"):
+        last_scales(optax.sgd(0.1).init({"w": jnp.ones((2, 2))}))
