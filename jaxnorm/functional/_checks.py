@@ -7,6 +7,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -88,3 +89,30 @@ def num_groups_of(channels: int, num_groups: int | None, group_size: int | None)
     if channels % num_groups:
         raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
     return num_groups
+
+
+def check_epsilon(value: object, name: str = "epsilon") -> float:
+    """A finite, non-negative real number (Python or NumPy scalar); returned as a float."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a non-negative real number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite real number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_positive_values(value: object, name: str) -> None:
+    """Every element of ``value`` finite and > 0 (checked only when ``value`` is concrete, not traced)."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a positive real number or array, got {value!r}")
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        raise TypeError(f"{name} must be a positive real number or array, got {value!r}") from None
+    real = np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    if arr.dtype == np.bool_ or not (real or arr.dtype.name == "bfloat16"):
+        raise TypeError(f"{name} must be a positive real number or array, got {value!r}")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr) & (arr > 0)):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")

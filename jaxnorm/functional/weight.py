@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_floating
+from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
 from jaxnorm.functional.stats import batch_moments
 
 __all__ = [
@@ -46,10 +46,31 @@ def _unit_axes(w: jnp.ndarray, name: str) -> tuple[int, ...]:
     return tuple(range(w.ndim - 1))
 
 
-def _unit_sumsq(w: jnp.ndarray, name: str) -> jnp.ndarray:
-    """Sum of squares per output unit, accumulated in at least float32, shape ``(1, ..., 1, out)``."""
+def _unit_scale(w32: jnp.ndarray, axes: tuple[int, ...], epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Per-unit power of two ``c`` just above ``max(max|w|, sqrt(epsilon))``, and ``1 / c``.
+
+    The norms below are computed on ``w / c``: its squares lie in [0, 4], so kernels of any finite
+    magnitude neither overflow nor underflow, and the epsilon term ``(sqrt(epsilon) / c)**2 <= 1``. A power
+    of two makes the scaling exact, and its exponent is clamped so that ``1 / c`` is a normal number (XLA
+    flushes subnormals to zero). Every formula is homogeneous in ``c``, so ``c`` is a constant for
+    differentiation (``stop_gradient``) and the gradients stay exact.
+    """
+    m = jnp.maximum(jnp.max(jnp.abs(w32), axis=axes, keepdims=True), math.sqrt(epsilon))
+    bound = -jnp.finfo(w32.dtype).minexp - 1
+    exponent = jnp.clip(jnp.frexp(m)[1], -bound, bound)
+    one = jnp.ones_like(m)
+    return jax.lax.stop_gradient(jnp.ldexp(one, exponent)), jax.lax.stop_gradient(jnp.ldexp(one, -exponent))
+
+
+def _scaled_sumsq(w: jnp.ndarray, epsilon: float, name: str) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(u, c, t)`` with ``u = w / c`` in at least float32 and ``t = sum(u**2) + epsilon / c**2`` per unit,
+    so that ``||w||^2 + epsilon = c**2 * t``; ``t`` and ``c`` have shape ``(1, ..., 1, out)``."""
+    axes = _unit_axes(w, name)
     w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
-    return jnp.sum(jnp.square(w32), axis=_unit_axes(w, name), keepdims=True)
+    c, inv_c = _unit_scale(w32, axes, epsilon)
+    u = w32 * inv_c
+    t = jnp.sum(jnp.square(u), axis=axes, keepdims=True) + jnp.square(math.sqrt(epsilon) * inv_c)
+    return u, c, t
 
 
 def _check_per_unit(value: jnp.ndarray | float, w: jnp.ndarray, name: str) -> None:
@@ -68,6 +89,7 @@ def fans(shape: tuple[int, ...]) -> tuple[int, int]:
     """
     if len(shape) < 2:
         raise ValueError(f"fans needs a kernel shape of rank >= 2, got {shape}")
+    shape = tuple(int(d) for d in shape)
     receptive = math.prod(shape[:-2])
     return shape[-2] * receptive, shape[-1] * receptive
 
@@ -75,9 +97,14 @@ def fans(shape: tuple[int, ...]) -> tuple[int, int]:
 def unit_norm(w: jnp.ndarray, *, epsilon: float = 0.0) -> jnp.ndarray:
     """L2 norm of each output unit's weight vector: ``sqrt(sum_{i} w[i, j]**2 + epsilon)``, shape ``(out,)``.
 
-    Computed and returned in float32 for bf16/f16 kernels (in the kernel's dtype for float32/float64).
+    Computed and returned in float32 for bf16/f16 kernels (in the kernel's dtype for float32/float64),
+    on the kernel scaled by its per-unit max, so no finite kernel overflows; a zero unit has norm
+    ``sqrt(epsilon)`` and, with ``epsilon = 0``, the (sub)gradient 0 there instead of NaN.
     """
-    return jnp.sqrt(_unit_sumsq(w, "w") + epsilon).reshape(w.shape[-1])
+    epsilon = check_epsilon(epsilon)
+    _, c, t = _scaled_sumsq(w, epsilon, "w")
+    norm = jnp.where(t > 0, c * jnp.sqrt(jnp.where(t > 0, t, jnp.ones_like(t))), jnp.zeros_like(t))
+    return norm.reshape(w.shape[-1])
 
 
 def project_to_norm(w: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float = 1e-12) -> jnp.ndarray:
@@ -86,13 +113,17 @@ def project_to_norm(w: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float 
     ``rho`` is a scalar or a ``(out,)`` vector. A zero unit stays zero (no NaN). This is the per-unit
     sphere projection that WRS (Liu et al., Sec. 5) and bounded weight norm (Hoffer et al., Sec. 4) apply.
     """
-    return _project(w, rho, epsilon, "rho")
+    check_positive_values(rho, "rho")
+    return _project(w, rho, epsilon, "rho", "w")
 
 
-def _project(w: jnp.ndarray, rho: jnp.ndarray | float, epsilon: float, name: str) -> jnp.ndarray:
+def _project(w: jnp.ndarray, rho: jnp.ndarray | float, epsilon: float, name: str, w_name: str) -> jnp.ndarray:
+    """``rho * w / sqrt(||w||^2 + epsilon)`` computed as ``rho * u / sqrt(t)`` on ``u = w / c``."""
+    epsilon = check_epsilon(epsilon)
     _check_per_unit(rho, w, name)
-    inv_norm = jax.lax.rsqrt(_unit_sumsq(w, "w") + epsilon)
-    return (w * (jnp.asarray(rho, inv_norm.dtype) * inv_norm)).astype(w.dtype)
+    u, _, t = _scaled_sumsq(w, epsilon, w_name)
+    inv_norm = jax.lax.rsqrt(jnp.where(t > 0, t, jnp.ones_like(t)))
+    return (u * (jnp.asarray(rho, inv_norm.dtype) * inv_norm)).astype(w.dtype)
 
 
 def weight_norm(v: jnp.ndarray, g: jnp.ndarray | float, *, epsilon: float = 1e-12) -> jnp.ndarray:
@@ -102,7 +133,7 @@ def weight_norm(v: jnp.ndarray, g: jnp.ndarray | float, *, epsilon: float = 1e-1
     with finite gradients. ``g`` is a scalar or ``(out,)``. For ``g``'s data-dependent initialisation see
     :func:`weight_norm_data_init`.
     """
-    return _project(v, g, epsilon, "g")
+    return _project(v, g, epsilon, "g", "v")
 
 
 def weight_norm_data_init(
@@ -121,6 +152,7 @@ def weight_norm_data_init(
     variance and keep their mean. The modules' ``g_init='data'`` (linen) and ``data_init`` (NNX) use it.
     """
     check_floating(pre_activations, "pre_activations")
+    epsilon = check_epsilon(epsilon)
     if pre_activations.ndim < 1 or pre_activations.size < 2 * pre_activations.shape[-1]:
         raise ValueError(
             "weight norm's data-dependent initialisation needs at least 2 values per output unit, got "
@@ -143,7 +175,8 @@ def scaled_weight_norm(
     followed by ReLU, 1 for a linear layer and ``1 / N`` for the last layer of each residual branch of a
     stage with N blocks; it keeps forward and backward norms constant with depth at initialisation.
     """
-    fan_in, fan_out = fans(v.shape)
+    check_positive_values(gain, "gain")
+    fan_in, fan_out = fans(jnp.shape(v))
     return weight_norm(v, jnp.asarray(g) * math.sqrt(gain * fan_in / fan_out), epsilon=epsilon)
 
 
@@ -153,7 +186,8 @@ def bounded_weight_norm(v: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: fl
     ``rho`` is a constant fixed at initialisation (the initial unit norms, or their per-layer mean), not
     a learned gain; the layer is meant to be followed by mean-only batch norm.
     """
-    return project_to_norm(v, rho, epsilon=epsilon)
+    check_positive_values(rho, "rho")
+    return _project(v, rho, epsilon, "rho", "v")
 
 
 def weight_standardization(
@@ -163,14 +197,23 @@ def weight_standardization(
 
         w_hat = (w - mean(w)) / sqrt(max(fan_in * var(w), epsilon)) [* gain]
 
-    ``fan_in`` = every axis but the last. The ``max`` guard follows the NFNets reference code.
+    ``fan_in`` = every axis but the last. The ``max`` guard follows the NFNets reference code. Computed
+    in at least float32 on ``d = w - w[0, ..., 0, j]`` (a constant unit gives exactly 0) scaled by its
+    per-unit max (no overflow for any finite kernel).
     """
+    epsilon = check_epsilon(epsilon)
     axes = _unit_axes(w, "w")
     fan_in = math.prod(w.shape[:-1])
     w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
-    mean = jnp.mean(w32, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(w32 - mean), axis=axes, keepdims=True)
-    scale = jax.lax.rsqrt(jnp.maximum(var * fan_in, epsilon))
+    shift = jax.lax.stop_gradient(w32[(0,) * len(axes)])
+    d = w32 - shift
+    _, inv_c = _unit_scale(d, axes, epsilon)
+    u = d * inv_c
+    centred = u - jnp.mean(u, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(centred), axis=axes, keepdims=True)
+    denom = jnp.maximum(var * fan_in, jnp.square(math.sqrt(epsilon) * inv_c))
+    scale = jax.lax.rsqrt(jnp.where(denom > 0, denom, jnp.ones_like(denom)))
     if gain is not None:
+        _check_per_unit(gain, w, "gain")
         scale = scale * jnp.asarray(gain, scale.dtype)
-    return ((w32 - mean) * scale).astype(w.dtype)
+    return (centred * scale).astype(w.dtype)
