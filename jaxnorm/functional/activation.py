@@ -33,11 +33,11 @@ from jaxnorm.functional._checks import (
     check_mask,
     num_groups_of,
 )
+from jaxnorm.functional.platform import distinct
 from jaxnorm.functional.stats import (
     AxisIndexGroups,
     Calibration,
     ChannelGroups,
-    _distinct,
     batch_moments,
     dispersion_moments,
     ghost_batches,
@@ -124,7 +124,7 @@ def _affine_jvp(primals, tangents):
     y_dot = (
         x_dot * (inv * scale)
         - (mean_dot * inv) * scale
-        + (x - _distinct(mean, tag=2)) * (inv_dot * scale + inv * scale_dot)
+        + (x - distinct(mean, tag=2)) * (inv_dot * scale + inv * scale_dot)
         + bias_dot
     )
     return y, y_dot.astype(y.dtype)
@@ -232,7 +232,7 @@ def _last_axis_norm_jvp(epsilon, centred, primals, tangents):
     def xhat(tag: int) -> jnp.ndarray:
         # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
         # shared ``x - mean`` or broadcast ``inv`` to memory; this way only the gradient is written
-        return _centre(x, None if mean is None else _distinct(mean, tag)) * _distinct(inv, tag)
+        return _centre(x, None if mean is None else distinct(mean, tag)) * distinct(inv, tag)
 
     x_dot_centred = _centre(x_dot, None if mean is None else jnp.mean(x_dot, -1, keepdims=True))
     xhat_dot = inv * (x_dot_centred - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))

@@ -47,6 +47,7 @@ from jaxnorm.functional._checks import (
     check_mask,
     check_positive_int,
 )
+from jaxnorm.functional.platform import distinct, separate_reads
 
 __all__ = [
     "L1_CONSTANT",
@@ -134,20 +135,6 @@ def stats_dtype(x: jnp.ndarray) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def _separate_reads(x: jnp.ndarray, num: int) -> tuple[jnp.ndarray, ...]:
-    """``num`` copies of a low-precision ``x`` that XLA widens to float32 separately, one per reduction.
-
-    XLA shares ``x.astype(float32)`` between the reductions (and the output pass) that read it, and a
-    shared widening is written to memory in float32 before being read again: bfloat16 batch-norm
-    statistics then cost 3.5 copies of ``x`` on XLA:CPU, against 0.5 with a widening fused into each
-    reduction (``benchmarks/floor.py``). The copies are aliases (an optimization barrier), not data
-    copies. For float32 and wider ``x`` there is nothing to widen: ``x`` itself, ``num`` times.
-    """
-    if x.dtype == stats_dtype(x):
-        return (x,) * num
-    return lax.optimization_barrier((x,) * num)
-
-
 CONDITION_LIMIT = 32.0
 """Largest ``mean^2 / var`` of a group for which :func:`local_moments` keeps the one-pass raw sums.
 
@@ -220,12 +207,12 @@ def _mean_m2_value(
     *,
     opaque_mean: bool,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a :func:`_distinct` copy of the mean: under
+    """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a ``distinct`` copy of the mean: under
     differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
     out; without it, a row's whole normalization stays one fused kernel."""
     safe_count = jnp.maximum(count, 1)
     last_axis = x.ndim - 1 in axes
-    sum_source, square_source = (x, x) if last_axis else _separate_reads(x, 2)
+    sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
     total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
     mean = total / safe_count
 
@@ -234,12 +221,12 @@ def _mean_m2_value(
         return d if mask is None else jnp.where(mask, d, 0)
 
     def centred_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        d = deviations(_distinct(mean) if opaque_mean else mean)
+        d = deviations(distinct(mean) if opaque_mean else mean)
         return mean, jnp.sum(jnp.square(d), axis=axes, keepdims=True)
 
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
         # the shifted-data algorithm: exact whatever the rounding error of the shift (the raw mean)
-        d = deviations(_distinct(mean))
+        d = deviations(distinct(mean))
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
@@ -261,19 +248,9 @@ def _mean_m2_jvp(axes, one_pass, primals, tangents):
     mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
     # a distinct copy of the mean: ``x - mean`` is then not shared with the caller's ``x - mean``,
     # which XLA would write to memory rather than recompute inside each of the two reductions
-    deviation = x.astype(mean.dtype) - _distinct(mean, tag=1)
+    deviation = x.astype(mean.dtype) - distinct(mean, tag=1)
     m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)
     return (mean, m2), (mean_dot, m2_dot)
-
-
-def _distinct(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
-    """The same small statistic as a separate HLO value (keeps XLA from sharing a full-size temporary).
-
-    XLA writes an elementwise expression of ``x`` to memory when a reduction and another consumer share
-    it, rather than recomputing it in each; a reduction over ``x - _distinct(mean)`` shares nothing with
-    ``x - mean``. Different ``tag`` values give copies that are distinct from each other too.
-    """
-    return lax.optimization_barrier((stat,) * (tag + 1))[tag]
 
 
 def combine_moments(moments: Moments, axis: int) -> Moments:
@@ -412,7 +389,7 @@ def dispersion_moments(
     """
     # the deviations (L1, L-inf, top-k) read x once more
     with_deviations = p != 2 and not mean_only
-    moments_source, deviation_source = _separate_reads(x, 2) if with_deviations else (x, x)
+    moments_source, deviation_source = separate_reads(x, 2) if with_deviations else (x, x)
     moments = local_moments(
         moments_source, axes, mask=mask, with_m2=(p == 2 and not mean_only), one_pass=one_pass
     )
@@ -527,7 +504,7 @@ def _abs_deviation_sum(
     about the speed of a plain sum, where a three-valued sign is written out first; where the deviation
     is zero everywhere, every ``s - mean(s)`` is 0 either way.
     """
-    deviation = jnp.abs(values - _distinct(mean))
+    deviation = jnp.abs(values - distinct(mean))
     deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
     return reduce_sum(jnp.sum(deviation, axes, keepdims=True))
 
@@ -544,7 +521,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
     total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
     # counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype): the narrowest
     # indicator that XLA:CPU's fast reductions accept
-    indicator = above(_distinct(mean, tag=1)).astype(jnp.bfloat16)
+    indicator = above(distinct(mean, tag=1)).astype(jnp.bfloat16)
     num_above = jnp.sum(indicator, axes, keepdims=True, dtype=values.dtype)
     balance = 2 * reduce_sum(num_above) - count
     signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
@@ -590,7 +567,7 @@ def _max_deviation_jvp(axes, reduce_sum, primals, tangents):
 
     # the count compares against a distinct copy of the extreme, so XLA fuses it into its reduction,
     # and is counted through bfloat16 (0 and 1 exactly), the narrowest indicator XLA:CPU reduces fast
-    indicator = hits(_distinct(extreme)).astype(jnp.bfloat16)
+    indicator = hits(distinct(extreme)).astype(jnp.bfloat16)
     count = reduce_sum(jnp.sum(indicator, axes, keepdims=True, dtype=mean.dtype))
     picked_dot = jnp.where(hits(extreme), values_dot, 0)
     picked = reduce_sum(jnp.sum(picked_dot, axes, keepdims=True, dtype=mean.dtype))
