@@ -29,6 +29,10 @@ from jaxnorm.functional._checks import (
     PNorm,
     canonical_axes,
     canonical_p,
+    check_axis_name,
+    check_bool,
+    check_broadcasts,
+    check_epsilon,
     check_floating,
     check_mask,
     num_groups_of,
@@ -80,6 +84,11 @@ def normalize(
     the last axis) keep autodiff, which XLA compiles better there; layer norm over the last axis has
     its own derivative (``_last_axis_norm``).
     """
+    epsilon = check_epsilon(epsilon)
+    check_broadcasts(mean, x.shape, "mean")
+    check_broadcasts(var, x.shape, "var")
+    check_broadcasts(scale, x.shape, "scale")
+    check_broadcasts(bias, x.shape, "bias")
     inv = None if var is None else lax.rsqrt(var + epsilon)
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
@@ -155,6 +164,7 @@ def batch_norm(
     (Hoffer et al. 2017, Sec. 4). ``mean_only=True`` is ``y = x - mu_B`` (Salimans & Kingma 2016,
     Sec. 2.2), the companion of bounded weight norm. Gradients flow through ``mu_B`` and ``sigma_hat_B``.
     """
+    epsilon = check_epsilon(epsilon)
     mean, var = batch_moments(
         x,
         p=p,
@@ -169,7 +179,8 @@ def batch_norm(
         mean_only=mean_only,
         keepdims=True,
     )
-    return normalize_batch(x, mean, var, virtual_batch_size=virtual_batch_size, epsilon=epsilon)
+    vbs = None if virtual_batch_size is None else int(virtual_batch_size)
+    return normalize_batch(x, mean, var, virtual_batch_size=vbs, epsilon=epsilon)
 
 
 def normalize_batch(
@@ -214,7 +225,10 @@ def _last_axis_norm(
 
 def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
     """The row mean (None unless ``centred``) and ``rsqrt`` of the row variance (or mean square) + eps."""
-    mean = jnp.mean(x, -1, keepdims=True) if centred else None
+    mean = None
+    if centred:  # about the row's first element: a constant row has the exact mean, and output 0
+        shift = lax.stop_gradient(x[..., :1])
+        mean = shift + jnp.mean(x - shift, -1, keepdims=True)
     return mean, lax.rsqrt(jnp.mean(jnp.square(_centre(x, mean)), -1, keepdims=True) + epsilon)
 
 
@@ -256,8 +270,13 @@ def per_example_norm(
 ) -> jnp.ndarray:
     """Lp normalization of ``x`` over ``axes`` (per example; ``groups`` merges channels), then the
     optional ``scale`` and ``bias`` (broadcastable to ``x``): the path of layer, group and instance norm."""
+    p = canonical_p(p)
+    epsilon = check_epsilon(epsilon)
+    use_fast_variance = check_bool(use_fast_variance, "use_fast_variance")
+    check_axis_name(axis_name)
+    mask = check_mask(mask, x)
     plain = mask is None and groups is None and axis_name is None
-    if canonical_p(p) == 2 and axes == (x.ndim - 1,) and plain:
+    if p == 2 and axes == (x.ndim - 1,) and plain:
         values = x.astype(stats_dtype(x))
         ones = jnp.ones((), values.dtype)
         y = _last_axis_norm(
@@ -270,8 +289,8 @@ def per_example_norm(
     mean, var = dispersion_moments(
         x,
         axes,
-        p=canonical_p(p),
-        mask=check_mask(mask, x),
+        p=p,
+        mask=mask,
         one_pass=use_fast_variance,
         groups=groups,
         axis_name=axis_name,
@@ -331,7 +350,7 @@ def group_norm(
     check_floating(x, "x")
     if x.ndim < 2:
         raise ValueError(f"group_norm needs (batch, ..., channels) input, got shape {x.shape}")
-    num_groups_of(x.shape[-1], num_groups, None)
+    num_groups = num_groups_of(x.shape[-1], num_groups, None)
     spatial = tuple(range(1, x.ndim - 1))
     return per_example_norm(
         x,
@@ -388,15 +407,28 @@ def rms_norm(
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
+    epsilon = check_epsilon(epsilon)
+    check_axis_name(axis_name)
     mask = check_mask(mask, x)
+    check_broadcasts(scale, x.shape, "scale")
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     if axes == (x.ndim - 1,) and mask is None and axis_name is None:
         ones = jnp.ones((), x32.dtype)
         y = _last_axis_norm(x32, ones if scale is None else scale, jnp.zeros((), x32.dtype), epsilon, False)
         return y.astype(x.dtype)
-    mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True, where=mask)
+    if mask is None:
+        mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+    else:
+        count = jnp.sum(mask, axis=axes, keepdims=True, dtype=x32.dtype)
+        total = jnp.sum(jnp.where(mask, jnp.square(x32), 0), axis=axes, keepdims=True)
+        mean_square = total / jnp.maximum(count, 1)
     if axis_name is not None:
         mean_square = lax.pmean(mean_square, axis_name, axis_index_groups=axis_index_groups)
+    if mask is not None:  # a row without elements: mean square 1 (no amplification, as in batch norm)
+        has_elements = count > 0
+        if axis_name is not None:
+            has_elements = lax.psum(count, axis_name, axis_index_groups=axis_index_groups) > 0
+        mean_square = jnp.where(has_elements, mean_square, 1)
     inv = lax.rsqrt(mean_square + epsilon)
     return (x32 * (inv if scale is None else inv * scale)).astype(x.dtype)
 

@@ -13,14 +13,14 @@ The functions return ``var = sigma_hat**2`` so that normalization is ``(x - mu) 
 for every ``p`` — the train and eval paths share one formula and, for ``p = 2``, it is exactly flax's.
 
 Numerics. Statistics are accumulated in float32 (or float64) for half-precision inputs. Batch-style
-reductions read ``x`` once for ``sum x`` and ``sum x^2``, as flax does, but check the conditioning of
-every group: where ``E[x^2] - E[x]^2`` would cancel catastrophically (flax's ``use_fast_variance``;
-float32 data with mean 1000 and std 0.01 gives variance 0 there), a :func:`jax.lax.cond` recomputes
-the moments about the mean with the *shifted-data* algorithm. Reductions over the last axis (layer
-norm) take the exact two passes, which XLA fuses into one kernel per row. Partial moments — per device,
-per channel of a group — are merged with Chan et al.'s pairwise formula (``count``, ``mean``, ``M2``),
-exact for unequal counts (masks) and needing one collective. Derivatives are hand-written (custom
-JVPs) where autodiff would write full-size temporaries: see :func:`local_moments`.
+reductions read ``x`` once for the shifted sums ``sum (x - K)`` and ``sum (x - K)^2`` about one element
+``K`` of each group, and check the conditioning of every group: where they would cancel, a
+:func:`jax.lax.cond` recomputes the moments about the mean with the *shifted-data* algorithm.
+Reductions over the last axis (layer norm) take the exact two passes, which XLA fuses into one kernel
+per row. Partial moments — per device, per channel of a group — are merged with Chan et al.'s pairwise
+formula (``count``, ``mean``, ``M2``), exact for unequal counts (masks) and needing one collective.
+Derivatives are hand-written (custom JVPs) where autodiff would write full-size temporaries: see
+:func:`local_moments`.
 
 References:
   Hoffer, Banner, Golan & Soudry, *Norm matters*, NeurIPS 2018, Sec. 3 and supplementary Sec. 2.
@@ -43,6 +43,8 @@ from jaxnorm.functional._checks import (
     PNorm,
     canonical_axes,
     canonical_p,
+    check_axis_name,
+    check_bool,
     check_floating,
     check_mask,
     check_positive_int,
@@ -99,6 +101,7 @@ def expected_topk_abs_normal(n: jnp.ndarray | int, k: int = 1) -> jnp.ndarray:
     (``calibration="exact"``); deviations are taken from the batch mean, which makes ``sigma_hat``
     estimate the biased std, the same quantity that L2 batch norm uses.
     """
+    k = check_positive_int(k, "k")
     n = jnp.maximum(_as_float(n), float(k))
     nodes, weights = (jnp.asarray(a, n.dtype) for a in _gauss_legendre(_QUADRATURE_NODES))
     upper = jnp.sqrt(2 * (jnp.log(n) + 30.0))
@@ -159,17 +162,17 @@ def local_moments(
     - Reductions over the last (contiguous) axis — layer norm, RMS-style per-example norms — take the
       exact two passes ``M2 = sum (x - mean)^2``: XLA fuses the whole normalization of a row into one
       kernel, so the second pass costs nothing.
-    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for
-      ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
-      when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
-      cancellation case, e.g. float32 data with mean 1000 and std 0.01, where that M2 is pure rounding
-      noise (flax's ``use_fast_variance``) — a :func:`jax.lax.cond` takes a second pass on the data
-      shifted by that mean, ``d = x - mean``: ``M2 = sum d^2 - (sum d)^2 / n`` and ``mean + sum d / n``
-      (the shifted-data algorithm: exact whatever the rounding of the shift, which matters when
-      group norm merges channel means). Only one branch runs (both under ``vmap`` with a batched
-      predicate). ``one_pass=False`` always takes the shifted pass.
+    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for the
+      shifted sums ``sum (x - K)`` and ``sum (x - K)^2`` about ``K``, the group's first element
+      (:func:`first_element`), and keep ``M2 = sum (x - K)^2 - (sum (x - K))^2 / n`` when every group
+      is well conditioned, ``(mean - K)^2 <= CONDITION_LIMIT * var``. Otherwise — the cancellation case,
+      where that M2 is rounding noise — a :func:`jax.lax.cond` takes a second pass on the data shifted
+      by the mean, ``d = x - mean``: ``M2 = sum d^2 - (sum d)^2 / n`` and ``mean + sum d / n`` (the
+      shifted-data algorithm, Chan et al. 1983). Only one branch runs (both under ``vmap`` with a
+      batched predicate). ``one_pass=False`` always takes the second pass.
 
-    The mean is otherwise ``sum x / n`` (XLA reduces in a tree: a few ulps). The derivatives are the
+    The mean is ``K + sum (x - K) / n``: a constant group has exactly the mean ``K`` and ``M2 = 0``, so
+    it normalizes to exactly 0 at every p. The derivatives are the
     exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the branch
     taken does not change the backward pass.
     """
@@ -179,9 +182,32 @@ def local_moments(
     else:
         count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
     if not with_m2:
-        total = jnp.sum(_widen(x, mask), axis=axes, keepdims=True)
-        return Moments(count, total / jnp.maximum(count, 1), None)
+        shift = first_element(x, axes, mask)
+        total = jnp.sum(_shifted(x, shift, mask), axis=axes, keepdims=True)
+        return Moments(count, shift + total / jnp.maximum(count, 1), None)
     return Moments(count, *_mean_m2(x, count, mask, axes, one_pass))
+
+
+def first_element(x: jnp.ndarray, axes: tuple[int, ...], mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """The first element of each group over the reduced ``axes`` (the first one ``mask`` keeps, if given),
+    keepdims, in the statistics dtype: the shift ``K`` of the shifted-data sums ``sum (x - K)``. A
+    constant group, or a group with one kept element, then has exactly the deviation 0 and its mean is
+    exactly ``K``. A constant for differentiation (the mean and the moments do not depend on ``K``)."""
+    if mask is None:
+        index = tuple(slice(0, 1) if a in axes else slice(None) for a in range(x.ndim))
+        return lax.stop_gradient(x[index].astype(stats_dtype(x)))
+    front = tuple(range(len(axes)))
+    kept_shape = _kept_shape(x, axes)
+    values = jnp.moveaxis(x, axes, front).reshape(-1, *kept_shape)
+    first = jnp.argmax(jnp.moveaxis(mask, axes, front).reshape(-1, *kept_shape), axis=0)
+    shift = jnp.take_along_axis(values, first[None], axis=0).reshape(_keepdims_shape(x, axes))
+    return lax.stop_gradient(shift.astype(stats_dtype(x)))
+
+
+def _shifted(x: jnp.ndarray, shift: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    """``x - shift`` in the statistics dtype, zero where masked."""
+    values = x.astype(shift.dtype) - shift
+    return values if mask is None else jnp.where(mask, values, 0)
 
 
 def _widen(x: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
@@ -213,8 +239,10 @@ def _mean_m2_value(
     safe_count = jnp.maximum(count, 1)
     last_axis = x.ndim - 1 in axes
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
-    total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
-    mean = total / safe_count
+    # shifted-data sums about K, one element of the group: a constant group gives exactly 0 and K
+    shift = first_element(x, axes, mask)
+    total = jnp.sum(_shifted(sum_source, shift, mask), axis=axes, keepdims=True)
+    mean = shift + total / safe_count
 
     def deviations(centre: jnp.ndarray) -> jnp.ndarray:
         d = x.astype(centre.dtype) - centre
@@ -225,7 +253,7 @@ def _mean_m2_value(
         return mean, jnp.sum(jnp.square(d), axis=axes, keepdims=True)
 
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        # the shifted-data algorithm: exact whatever the rounding error of the shift (the raw mean)
+        # the shifted-data algorithm about the mean: exact whatever the rounding error of that mean
         d = deviations(distinct(mean))
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
@@ -235,8 +263,9 @@ def _mean_m2_value(
         return centred_pass()
     if not one_pass:
         return shifted_pass()
-    raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
-    well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
+    between = total * total / safe_count
+    raw_m2 = jnp.sum(jnp.square(_shifted(square_source, shift, mask)), axis=axes, keepdims=True) - between
+    well_conditioned = jnp.all(between <= CONDITION_LIMIT * raw_m2)
     return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), shifted_pass)
 
 
@@ -256,13 +285,16 @@ def _mean_m2_jvp(axes, one_pass, primals, tangents):
 def combine_moments(moments: Moments, axis: int) -> Moments:
     """Merge partial moments along ``axis`` (keepdims) with Chan et al.'s formula.
 
-    ``n = sum n_i``, ``mean = sum n_i mean_i / n``, ``M2 = sum M2_i + sum n_i (mean_i - mean)^2``.
+    ``n = sum n_i``, ``mean = mean_0 + sum n_i (mean_i - mean_0) / n`` (about the first part's mean, so
+    equal means merge exactly), ``M2 = sum M2_i + sum n_i (mean_i - mean)^2``.
     Exact for unequal counts; groups with ``n = 0`` contribute nothing.
     """
     count = jnp.broadcast_to(moments.count, moments.mean.shape)
     total = jnp.sum(count, axis=axis, keepdims=True)
     safe_total = jnp.maximum(total, 1)
-    mean = jnp.sum(count * moments.mean, axis=axis, keepdims=True) / safe_total
+    # about the first part's mean, so that equal means merge to exactly that mean (a constant group)
+    reference = lax.index_in_dim(moments.mean, 0, axis, keepdims=True)
+    mean = reference + jnp.sum(count * (moments.mean - reference), axis=axis, keepdims=True) / safe_total
     if moments.m2 is None:
         return Moments(total, mean, None)
     between = jnp.sum(count * jnp.square(moments.mean - mean), axis=axis, keepdims=True)
@@ -415,10 +447,12 @@ def dispersion_moments(
             occupied = device_counts > 0
             extra = (jnp.max(jnp.where(occupied, high, -jnp.inf), axis=0),
                      jnp.min(jnp.where(occupied, low, jnp.inf), axis=0))
+    if mask is not None:  # a group without elements: mean 0 and variance 1 (see empty_statistics)
+        moments = moments._replace(mean=jnp.where(moments.count > 0, moments.mean, 0))
     if mean_only:
         return moments.mean, None
     if p == 2:
-        return moments.mean, moments.m2 / jnp.maximum(moments.count, 1)
+        return moments.mean, empty_statistics(moments.m2 / jnp.maximum(moments.count, 1), moments.count, mask)
     count, mean = moments.count, moments.mean
 
     def reduce_sum(stat: jnp.ndarray) -> jnp.ndarray:
@@ -442,7 +476,13 @@ def dispersion_moments(
             dispersion = dispersion / expected_topk_abs_normal(count, topk or 1).astype(dispersion.dtype)
         else:
             dispersion = dispersion * linf_constant(count).astype(dispersion.dtype)
-    return mean, jnp.square(dispersion)
+    return mean, empty_statistics(jnp.square(dispersion), count, mask)
+
+
+def empty_statistics(var: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    """``var`` with 1 where a group keeps no element of ``mask`` (its mean is 0): such a group is
+    normalized as ``x / sqrt(1 + epsilon)``, neither amplified nor NaN, and its gradient is 0."""
+    return var if mask is None else jnp.where(count > 0, var, 1)
 
 
 def _masked_extremes(
@@ -712,18 +752,34 @@ def _largest_values(columns: jnp.ndarray, valid: jnp.ndarray | None, k: int, dty
     return _two_stage_top_k(columns, valid, k, values, block_largest)
 
 
+class BatchOptions(NamedTuple):
+    """Batch norm's options after validation, passed down unchanged from the module to the kernel."""
+
+    p: PNorm = 2
+    topk: int | None = None
+    calibration: Calibration = "paper"
+    virtual_batch_size: int | None = None
+    mean_only: bool = False
+    use_fast_variance: bool = True
+
+
 def check_batch_options(
-    p: PNorm | float, topk: int | None = None, calibration: Calibration = "paper",
+    p: PNorm | float = 2,
+    topk: int | None = None,
+    calibration: Calibration = "paper",
     virtual_batch_size: int | None = None,
-) -> PNorm:
-    """Validate batch norm's options, whatever the input; returns the canonical ``p``.
+    mean_only: bool = False,
+    use_fast_variance: bool = True,
+) -> BatchOptions:
+    """Validate batch norm's options, whatever the input; returns them canonical (``p`` in 1, 2, 'inf';
+    NumPy integers and bools as Python ones).
 
     The modules call it in evaluation too, where the batch statistics (and their checks) are not
     computed: a wrong option fails at once, not at the first training step.
     """
     p = canonical_p(p)
     if topk is not None:
-        check_positive_int(topk, "topk")
+        topk = check_positive_int(topk, "topk")
         if p != "inf":
             raise ValueError(f"topk applies to p='inf' (top-k L∞ norm), got p={p!r}")
     if calibration not in ("paper", "exact"):
@@ -731,8 +787,15 @@ def check_batch_options(
     if calibration == "exact" and p != "inf":
         raise ValueError(f"calibration='exact' (the L∞ constant) applies to p='inf', got p={p!r}")
     if virtual_batch_size is not None:
-        check_positive_int(virtual_batch_size, "virtual_batch_size")
-    return p
+        virtual_batch_size = check_positive_int(virtual_batch_size, "virtual_batch_size")
+    return BatchOptions(
+        p,
+        topk,
+        calibration,
+        virtual_batch_size,
+        check_bool(mean_only, "mean_only"),
+        check_bool(use_fast_variance, "use_fast_variance"),
+    )
 
 
 def _statistics_size(
@@ -782,7 +845,10 @@ def batch_moments(
     new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype.
     """
     check_floating(x, "x")
-    p = check_batch_options(p, topk, calibration, virtual_batch_size)
+    p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance = check_batch_options(
+        p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance
+    )
+    check_axis_name(axis_name)
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
     size = _statistics_size(x.shape, features, virtual_batch_size)

@@ -56,8 +56,9 @@ class BatchNorm(nn.Module):
 
     ``batch_stats/var`` holds ``sigma_hat**2`` for every ``p`` so evaluation code stays the same.
     Running statistics are not updated during ``init``, as in flax; an ``init`` batch too small for
-    batch statistics (one example, or not a multiple of ``virtual_batch_size``) is normalized with the
-    initial running statistics instead of raising, so ``model.init(key, x[:1])`` works as with flax.
+    batch statistics (one example) is normalized with the initial running statistics instead of
+    raising, so ``model.init(key, x[:1])`` works as with flax; a larger ``init`` batch that is not a
+    multiple of ``virtual_batch_size`` raises, as it would in training.
     """
 
     use_running_average: bool | None = None
@@ -92,9 +93,11 @@ class BatchNorm(nn.Module):
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
-        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size):
-            # init needs the shapes only: a dummy batch too small for batch statistics (one example,
-            # or not a multiple of virtual_batch_size) is normalized with the initial running ones
+        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size) and (
+            x.shape[0] == 1 or self.virtual_batch_size is None
+        ):
+            # init needs the shapes only: a dummy batch too small for batch statistics (one example)
+            # is normalized with the initial running ones; any other batch is checked as in training
             use_running_average = True
         out = layers.batch_norm_layer(
             x,
@@ -187,6 +190,7 @@ class InstanceNorm(nn.Module):
     @nn.compact
     def __call__(self, x, *, mask=None):
         feature_axes = canonical_axes(self.feature_axes, x.ndim, "feature_axes")
+        layers.check_instance_feature_axes(feature_axes)
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
         scale, bias = _scale_and_bias(self, tuple(x.shape[a] for a in feature_axes))
         return layers.layer_norm_layer(
