@@ -25,14 +25,11 @@ from jaxnorm.functional._checks import (
     check_momentum,
     num_groups_of,
 )
-from jaxnorm.functional.activation import normalize, normalize_batch, per_example_norm, rms_norm
-from jaxnorm.functional.stats import (
-    AxisIndexGroups,
-    Calibration,
-    ChannelGroups,
-    batch_moments,
-    check_batch_options,
-)
+from jaxnorm.functional.batch import batch_moments, check_batch_options, normalize_batch
+from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.collectives import AxisIndexGroups
+from jaxnorm.functional.moments import ChannelGroups
+from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
 
 __all__ = [
     "INSTANCE_BATCH_AXIS_MESSAGE",

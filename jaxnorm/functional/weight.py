@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
-from jaxnorm.functional.stats import batch_moments
+from jaxnorm.functional.batch import batch_moments
 
 __all__ = [
     "bounded_weight_norm",

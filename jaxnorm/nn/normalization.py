@@ -5,7 +5,7 @@ Every flax argument keeps its name and default, the variables keep flax's collec
 numbers are flax's — code and checkpoints written for flax keep working. jaxnorm's own arguments:
 ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``, ``virtual_batch_size``, ``mean_only``.
 Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation
-(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.stats`);
+(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.moments`);
 ``force_float32_reductions`` is accepted and has no effect, since the statistics are always float32 or
 wider; a BatchNorm ``init`` batch too small for batch statistics is normalized with the initial running
 statistics rather than raising.
@@ -25,7 +25,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import layers
 from jaxnorm.functional._checks import PNorm, canonical_axes
-from jaxnorm.functional.stats import batch_gives_statistics
+from jaxnorm.functional.batch import batch_gives_statistics
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
 

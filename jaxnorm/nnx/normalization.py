@@ -8,7 +8,7 @@ are those of :mod:`jaxnorm.nn`: ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``
 with ``use_running_average=False`` (nnx has no separate init pass).
 
 Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation (shifted
-sums, :mod:`jaxnorm.functional.stats`) rather than ``E[x^2] - E[x]^2``; running statistics stay float32
+sums, :mod:`jaxnorm.functional.moments`) rather than ``E[x^2] - E[x]^2``; running statistics stay float32
 whatever ``dtype`` is; statistics of half-precision inputs are float32.
 
 The computation lives in :mod:`jaxnorm.functional.layers`, shared with :mod:`jaxnorm.nn`; these classes
@@ -35,7 +35,8 @@ from jaxnorm.functional._checks import (
     check_floating,
     check_momentum,
 )
-from jaxnorm.functional.stats import Calibration, check_batch_options
+from jaxnorm.functional.batch import check_batch_options
+from jaxnorm.functional.calibration import Calibration
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
@@ -173,7 +174,8 @@ class BatchNorm(_Affine):
             use_fast_variance=self.use_fast_variance, mask=mask, dtype=self.dtype,
         )
         if not use_running_average:
-            self.mean[...] = out.running_mean.astype(self.mean.dtype)
+            # a complex batch mean is stored as its real part, as flax.nnx's float32 BatchStat does
+            self.mean[...] = jnp.real(out.running_mean).astype(self.mean.dtype)
             self.var[...] = out.running_var.astype(self.var.dtype)
         return out.y
 
