@@ -94,11 +94,14 @@ def _short(value):
     """A readable test id for an argument: arrays as ``dtype[shape]``."""
     if hasattr(value, "shape") and hasattr(value, "dtype") and np.ndim(value) > 0:
         return f"{jnp.dtype(value.dtype).name}{list(value.shape)}"
+    if isinstance(value, type):
+        return value.__name__
     return repr(value)
 
 
 def case(fn, args, kwargs, name, exc=BOTH):
-    parts = [_short(a) for a in args[1:]] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
+    first = args[:1] if args and not hasattr(args[0], "shape") else ()
+    parts = [_short(a) for a in first + tuple(args[1:])] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
     label = f"{getattr(fn, '__name__', fn)}({', '.join(parts)})"
     if args and hasattr(args[0], "dtype") and not jnp.issubdtype(args[0].dtype, jnp.floating):
         label += f"-{jnp.dtype(args[0].dtype).name}"
@@ -133,6 +136,7 @@ MALFORMED = [
     case(F.batch_stats, (X2,), dict(axis=1.0), "axis"),
     case(F.layer_norm, (X2,), dict(axis=-3), "axis"),
     case(F.layer_norm, (X2,), dict(axis=None), "axis"),
+    case(F.layer_norm, (X2,), dict(axis=()), "axis"),  # an empty reduction: every element maps to 0
     case(F.rms_norm, (X2,), dict(axis=5), "axis"),
     case(F.rms_norm, (X2,), dict(axis=None), "axis"),
     case(linen_bn(), (), dict(axis=3), "axis"),
@@ -219,6 +223,7 @@ MALFORMED = [
     case(F.batch_norm, (X2,), dict(mean_only="no"), "mean_only"),
     case(F.batch_moments, (X2,), dict(mean_only=1), "mean_only"),
     case(F.batch_norm, (X2,), dict(use_fast_variance="no"), "use_fast_variance"),
+    case(F.batch_moments, (X2,), dict(keepdims="yes"), "keepdims"),
     case(F.layer_norm, (X2,), dict(use_fast_variance="no"), "use_fast_variance"),
     case(linen_bn(), (), dict(mean_only="no"), "mean_only"),
     case(nnx_new(jnnx.BatchNorm, 4), (), dict(mean_only="no"), "mean_only"),
@@ -260,6 +265,7 @@ MALFORMED = [
     case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(bias=jnp.ones((2, 4))), "bias"),
     case(F.normalize, (X2, jnp.zeros(3), X2.var(0)), {}, "mean"),
     case(F.normalize, (X2, X2.mean(0), jnp.ones(3)), {}, "var"),
+    case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(dtype=jnp.int32), "dtype"),
     case(F.weight_norm, (V2, jnp.ones(3)), {}, "g"),
     case(F.scaled_weight_norm, (V2, jnp.ones(5)), {}, "g"),
     case(F.bounded_weight_norm, (V2, jnp.ones(3)), {}, "rho"),
@@ -286,6 +292,8 @@ MALFORMED = [
     case(F.unit_norm, (jnp.ones(4),), {}, "w"),
     case(F.weight_norm, (jnp.ones(4), 1.0), {}, "v"),
     case(F.fans, ((5,),), {}, "shape"),
+    case(F.linf_constant, ("a",), {}, "n"),
+    case(F.scaled_weight_norm, (jnp.ones((3, 0)), 1.0), {}, "v|shape"),  # a kernel without units
     case(F.batch_norm, (jnp.ones((1, 4)),), {}, "batch|x"),
 ]
 
