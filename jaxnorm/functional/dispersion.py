@@ -45,7 +45,9 @@ __all__ = [
     "Reduction",
     "dispersion_moments",
     "empty_statistics",
+    "exact_mean",
     "l1_dispersion",
+    "l1_dispersion_and_correction",
     "l2_dispersion",
     "linf_calibration",
     "linf_dispersion",
@@ -106,17 +108,49 @@ def dispersion_moments(
             occupied = device_counts > 0
             extra = (jnp.max(jnp.where(occupied, high, -jnp.inf), axis=0),
                      jnp.min(jnp.where(occupied, low, jnp.inf), axis=0))
+    reduction = Reduction(x, deviation_source, axes, mask, groups, axis_name, axis_index_groups)
+    raw = moments  # the dispersions take the raw mean: L1's pass also gives exact_mean's correction
+    if mask is not None:
+        raw = raw._replace(mean=jnp.where(raw.count > 0, raw.mean, 0))
+    l1 = None
+    if p == 1 and not mean_only:
+        l1 = l1_dispersion_and_correction(raw, reduction)
+        moments = moments._replace(mean=raw.mean + l1[1])
+    elif p != 2 or mean_only:
+        moments = moments._replace(mean=exact_mean(moments, extra if extremes else None, reduction))
     if mask is not None:  # a group without elements: mean 0 and variance 1 (see empty_statistics)
         moments = moments._replace(mean=jnp.where(moments.count > 0, moments.mean, 0))
     if mean_only:
         return moments.mean, None
     if p == 2:  # the variance itself, not the square of its root
         return moments.mean, empty_statistics(moments.m2 / jnp.maximum(moments.count, 1), moments.count, mask)
-    reduction = Reduction(x, deviation_source, axes, mask, groups, axis_name, axis_index_groups)
-    dispersion = DISPERSIONS["topk" if topk is not None else p](moments, extra, reduction, topk)
+    if l1 is not None:
+        dispersion = l1[0]
+    else:
+        dispersion = DISPERSIONS["topk" if topk is not None else p](raw, extra, reduction, topk)
     if p == "inf":
         dispersion = dispersion * linf_calibration(moments.count, topk, calibration).astype(dispersion.dtype)
     return moments.mean, empty_statistics(jnp.square(dispersion), moments.count, mask)
+
+
+def exact_mean(
+    moments: Moments, extremes: tuple[jnp.ndarray, jnp.ndarray] | None, r: Reduction
+) -> jnp.ndarray:
+    """The mean ``m = sum x / n`` made exact for a constant group, so that it normalizes to exactly 0.
+
+    With the extremes at hand (L∞): ``max x`` where ``max x == min x``. Otherwise one correction
+    ``m + sum (x - m) / n`` (the shifted-data mean; a constant group has a single deviation); L1 takes
+    it from its own pass (:func:`l1_dispersion_and_correction`). The correction's derivative is 0, as
+    the mean's is ``sum(dx) / n`` either way, so it is a constant for differentiation.
+    """
+    mean = moments.mean
+    if extremes is not None:
+        high, low = extremes
+        return mean + lax.stop_gradient(jnp.where(high == low, high - mean, 0))
+    d = r.deviations.astype(mean.dtype) - mean
+    d = d if r.mask is None else jnp.where(r.mask, d, 0)
+    correction = r.sum(jnp.sum(d, r.axes, keepdims=True)) / jnp.maximum(moments.count, 1)
+    return mean + lax.stop_gradient(correction)
 
 
 class Reduction(NamedTuple):
@@ -146,9 +180,15 @@ def l2_dispersion(moments: Moments, extra: tuple, r: Reduction, topk: None) -> j
 
 def l1_dispersion(moments: Moments, extra: tuple, r: Reduction, topk: None) -> jnp.ndarray:
     """``sqrt(pi / 2) * mean|x - mu|`` (Norm matters, Sec. 3)."""
+    return l1_dispersion_and_correction(moments, r)[0]
+
+
+def l1_dispersion_and_correction(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The L1 dispersion and, from the same pass over ``x``, the mean's correction ``sum (x - m) / n``."""
     values = r.deviations.astype(moments.mean.dtype)
-    total = _abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.sum)
-    return L1_CONSTANT * total / jnp.maximum(moments.count, 1)
+    total, signed = _abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.sum)
+    safe_count = jnp.maximum(moments.count, 1)
+    return L1_CONSTANT * total / safe_count, lax.stop_gradient(signed / safe_count)
 
 
 def linf_dispersion(moments: Moments, extra: tuple, r: Reduction, topk: None) -> jnp.ndarray:
@@ -237,7 +277,8 @@ def _abs_deviation_sum(
     axes: tuple[int, ...],
     reduce_sum,
 ) -> jnp.ndarray:
-    """``sum |x - mean|`` over ``axes`` (masked; merged by ``reduce_sum`` over group channels and devices).
+    """``(sum |x - mean|, sum (x - mean))`` over ``axes`` (masked; merged by ``reduce_sum`` over group
+    channels and devices); the second is the shifted-data correction of the mean (no derivative).
 
     ``count`` is the merged number of unmasked elements. Custom JVP ``sum(s (dx - dmean))`` with the
     subgradient ``s = +1`` where ``x > mean`` and ``s = -1`` elsewhere, ties ``x == mean`` included
@@ -246,9 +287,15 @@ def _abs_deviation_sum(
     about the speed of a plain sum, where a three-valued sign is written out first; where the deviation
     is zero everywhere, every ``s - mean(s)`` is 0 either way.
     """
-    deviation = jnp.abs(values - distinct(mean))
+    deviation = values - distinct(mean)
     deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
-    return reduce_sum(jnp.sum(deviation, axes, keepdims=True))
+    zero = jnp.zeros((), deviation.dtype)
+    # one variadic reduction for sum |d| and sum d (exact_mean's correction): a single pass over x
+    total, signed = lax.reduce(
+        (jnp.abs(deviation), deviation), (zero, zero), lambda a, b: (a[0] + b[0], a[1] + b[1]), axes
+    )
+    shape = keepdims_shape(values, axes)
+    return reduce_sum(total.reshape(shape)), reduce_sum(signed.reshape(shape))
 
 
 @_abs_deviation_sum.defjvp
@@ -260,7 +307,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
         is_above = values > centre
         return is_above if mask is None else is_above & mask
 
-    total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
+    total, signed = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
     # counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype): the narrowest
     # indicator that XLA:CPU's fast reductions accept
     indicator = above(distinct(mean, tag=1)).astype(jnp.bfloat16)
@@ -268,7 +315,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
     balance = 2 * reduce_sum(num_above) - count
     signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
     picked = reduce_sum(jnp.sum(signs * values_dot, axes, keepdims=True))
-    return total, picked - mean_dot * balance
+    return (total, signed), (picked - mean_dot * balance, jnp.zeros_like(signed))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))

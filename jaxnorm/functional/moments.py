@@ -26,7 +26,6 @@ __all__ = [
     "Moments",
     "as_columns",
     "combine_moments",
-    "first_element",
     "group_combine",
     "group_reduce",
     "keepdims_shape",
@@ -77,22 +76,21 @@ def local_moments(
 
     Two ways to M2, each run where XLA (CPU and GPU) makes it cheapest:
 
-    - Reductions over the last (contiguous) axis — layer norm, RMS-style per-example norms — take the
-      exact two passes ``M2 = sum (x - mean)^2``: XLA fuses the whole normalization of a row into one
-      kernel, so the second pass costs nothing.
-    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for the
-      shifted sums ``sum (x - K)`` and ``sum (x - K)^2`` about ``K``, the group's first element
-      (:func:`first_element`), and keep ``M2 = sum (x - K)^2 - (sum (x - K))^2 / n`` when every group
-      is well conditioned, ``(mean - K)^2 <= CONDITION_LIMIT * var``. Otherwise — the cancellation case,
-      where that M2 is rounding noise — a :func:`jax.lax.cond` takes a second pass on the data shifted
-      by the mean, ``d = x - mean``: ``M2 = sum d^2 - (sum d)^2 / n`` and ``mean + sum d / n`` (the
-      shifted-data algorithm, Chan et al. 1983). Only one branch runs (both under ``vmap`` with a
+    - Reductions over the last (contiguous) axis — layer norm over several axes — take two passes, the
+      second over ``d = x - mean``: XLA fuses a row's normalization into one kernel, so it costs nothing.
+    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for
+      ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
+      when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
+      cancellation case (flax's ``use_fast_variance``), a constant group included — a
+      :func:`jax.lax.cond` takes the second pass. Only one branch runs (both under ``vmap`` with a
       batched predicate). ``one_pass=False`` always takes the second pass.
 
-    The mean is ``K + sum (x - K) / n``: a constant group has exactly the mean ``K`` and ``M2 = 0``, so
-    it normalizes to exactly 0 at every p. The derivatives are the
-    exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the branch
-    taken does not change the backward pass.
+    The second pass is the shifted-data algorithm about the raw mean ``m = sum x / n`` (Chan et al.
+    1983): ``mean = m + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; a constant group has a single
+    deviation ``d``, so its mean comes out exact and it normalizes to exactly 0. The derivatives are the
+    exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the
+    branch taken does not change the backward pass. Without M2 the mean is ``sum x / n``
+    (:func:`jaxnorm.functional.dispersion.dispersion_moments` makes it exact for constant groups).
     """
     dtype = stats_dtype(x)
     if mask is None:
@@ -100,32 +98,9 @@ def local_moments(
     else:
         count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
     if not with_m2:
-        shift = first_element(x, axes, mask)
-        total = jnp.sum(_shifted(x, shift, mask), axis=axes, keepdims=True)
-        return Moments(count, shift + total / jnp.maximum(count, 1), None)
+        total = jnp.sum(_widen(x, mask), axis=axes, keepdims=True)
+        return Moments(count, total / jnp.maximum(count, 1), None)
     return Moments(count, *_mean_m2(x, count, mask, axes, one_pass))
-
-
-def first_element(x: jnp.ndarray, axes: tuple[int, ...], mask: jnp.ndarray | None = None) -> jnp.ndarray:
-    """The first element of each group over the reduced ``axes`` (the first one ``mask`` keeps, if given),
-    keepdims, in the statistics dtype: the shift ``K`` of the shifted-data sums ``sum (x - K)``. A
-    constant group, or a group with one kept element, then has exactly the deviation 0 and its mean is
-    exactly ``K``. A constant for differentiation (the mean and the moments do not depend on ``K``)."""
-    if mask is None:
-        index = tuple(slice(0, 1) if a in axes else slice(None) for a in range(x.ndim))
-        return lax.stop_gradient(x[index].astype(stats_dtype(x)))
-    front = tuple(range(len(axes)))
-    rest = kept_shape(x, axes)
-    values = jnp.moveaxis(x, axes, front).reshape(-1, *rest)
-    first = jnp.argmax(jnp.moveaxis(mask, axes, front).reshape(-1, *rest), axis=0)
-    shift = jnp.take_along_axis(values, first[None], axis=0).reshape(keepdims_shape(x, axes))
-    return lax.stop_gradient(shift.astype(stats_dtype(x)))
-
-
-def _shifted(x: jnp.ndarray, shift: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
-    """``x - shift`` in the statistics dtype, zero where masked."""
-    values = x.astype(shift.dtype) - shift
-    return values if mask is None else jnp.where(mask, values, 0)
 
 
 def _widen(x: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
@@ -157,34 +132,30 @@ def _mean_m2_value(
     safe_count = jnp.maximum(count, 1)
     last_axis = x.ndim - 1 in axes
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
-    # shifted-data sums about K, one element of the group: a constant group gives exactly 0 and K
-    shift = first_element(x, axes, mask)
-    total = jnp.sum(_shifted(sum_source, shift, mask), axis=axes, keepdims=True)
-    mean = shift + total / safe_count
+    total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
+    mean = total / safe_count
 
     def deviations(centre: jnp.ndarray) -> jnp.ndarray:
         d = x.astype(centre.dtype) - centre
         return d if mask is None else jnp.where(mask, d, 0)
 
-    def centred_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        d = deviations(distinct(mean) if opaque_mean else mean)
-        return mean, jnp.sum(jnp.square(d), axis=axes, keepdims=True)
-
-    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        # the shifted-data algorithm about the mean: exact whatever the rounding error of that mean
-        d = deviations(distinct(mean))
+    def shifted_pass(centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        # the shifted-data algorithm about the raw mean: exact whatever its rounding error, and a
+        # constant group has one deviation d, so its mean comes out exact and its M2 zero
+        d = deviations(centre)
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
 
     if last_axis:
-        return centred_pass()
+        return shifted_pass(distinct(mean) if opaque_mean else mean)
     if not one_pass:
-        return shifted_pass()
-    between = total * total / safe_count
-    raw_m2 = jnp.sum(jnp.square(_shifted(square_source, shift, mask)), axis=axes, keepdims=True) - between
-    well_conditioned = jnp.all(between <= CONDITION_LIMIT * raw_m2)
-    return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), shifted_pass)
+        return shifted_pass(distinct(mean))
+    raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
+    well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
+    return lax.cond(
+        well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), lambda: shifted_pass(distinct(mean))
+    )
 
 
 @_mean_m2.defjvp
