@@ -526,12 +526,19 @@ MASK_CASES = [(n, p, MASK_DTYPES[i % 3]) for i, (n, p) in enumerate(MASK_CASES)]
 
 
 @pytest.mark.parametrize(("name", "p", "dtype_name"), MASK_CASES, ids=[f"{n}-p={p}-{d}" for n, p, d in MASK_CASES])
-@fuzz(8)
-@given(seed=st.integers(0, 2**16), one=st.booleans(), scale=st.sampled_from((1.0, 1e-3, 1e3)))
-def test_empty_and_one_element_masks(name, p, dtype_name, seed, one, scale):
+@fuzz(4)
+@given(seed=st.integers(0, 2**16))
+def test_empty_and_one_element_masks(name, p, dtype_name, seed):
     """The group whose mask keeps nothing is not amplified (no ``x / sqrt(epsilon)``) and finite; with one
     kept element, that element maps to 0 (except for RMS norm, which does not centre). Other groups match
-    the oracle with the mask."""
+    the oracle with the mask. Each example tries both masks at three scales (large values make an
+    inexact mean of the one kept element visible)."""
+    for one in (False, True):
+        for scale in (1.0, 1e-3, 1e3):
+            _check_masked(name, p, dtype_name, seed, one, scale)
+
+
+def _check_masked(name, p, dtype_name, seed, one, scale):
     spec = SPECS[name]
     rng = np.random.default_rng(seed)
     groups = groups_of(name)
@@ -556,7 +563,7 @@ def test_empty_and_one_element_masks(name, p, dtype_name, seed, one, scale):
         assert np.abs(y64[g]).max() <= bound, (
             f"empty-mask group amplified: max |y| {np.abs(y64[g]).max():.3g} vs max |x| {np.abs(xr[g]).max():.3g}")
     elif spec.centered:
-        assert y64.flat[kept_at] == 0, f"the one kept element gives {y64.flat[kept_at]}, not 0"
+        assert y64.flat[kept_at] == 0, f"the one kept element gives {y64.flat[kept_at]}, not 0 (scale {scale})"
     pk = p_kwargs(p) if p is not None else {}
     others = np.zeros(spec.shape, bool)
     for other in groups:
