@@ -184,11 +184,27 @@ def l1_dispersion(moments: Moments, extra: tuple, r: Reduction, topk: None) -> j
 
 
 def l1_dispersion_and_correction(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The L1 dispersion and, from the same pass over ``x``, the mean's correction ``sum (x - m) / n``."""
+    """The L1 dispersion and the correction that makes the mean exact for constant groups.
+
+    A constant group has ``mean|x - m| <= a few ulps of m``; only when some group is that close to
+    constant does a :func:`jax.lax.cond` take the extra pass of :func:`exact_mean` (always with
+    ``axis_name``, whose collective cannot sit in a branch), so ordinary batches read ``x`` twice, as
+    before.
+    """
     values = r.deviations.astype(moments.mean.dtype)
-    total, signed = _abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.sum)
+    total = _abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.sum)
     safe_count = jnp.maximum(moments.count, 1)
-    return L1_CONSTANT * total / safe_count, lax.stop_gradient(signed / safe_count)
+    dispersion = L1_CONSTANT * total / safe_count
+    if r.axis_name is not None:
+        return dispersion, exact_mean(moments, None, r) - moments.mean
+    resolution = 16 * jnp.finfo(moments.mean.dtype).eps * jnp.abs(moments.mean)
+    near_constant = jnp.any((total / safe_count <= resolution) & (moments.count > 0))
+    correction = lax.cond(
+        near_constant,
+        lambda: exact_mean(moments, None, r) - moments.mean,
+        lambda: jnp.zeros_like(moments.mean),
+    )
+    return dispersion, lax.stop_gradient(correction)
 
 
 def linf_dispersion(moments: Moments, extra: tuple, r: Reduction, topk: None) -> jnp.ndarray:
@@ -277,8 +293,7 @@ def _abs_deviation_sum(
     axes: tuple[int, ...],
     reduce_sum,
 ) -> jnp.ndarray:
-    """``(sum |x - mean|, sum (x - mean))`` over ``axes`` (masked; merged by ``reduce_sum`` over group
-    channels and devices); the second is the shifted-data correction of the mean (no derivative).
+    """``sum |x - mean|`` over ``axes`` (masked; merged by ``reduce_sum`` over group channels and devices).
 
     ``count`` is the merged number of unmasked elements. Custom JVP ``sum(s (dx - dmean))`` with the
     subgradient ``s = +1`` where ``x > mean`` and ``s = -1`` elsewhere, ties ``x == mean`` included
@@ -289,13 +304,7 @@ def _abs_deviation_sum(
     """
     deviation = values - distinct(mean)
     deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
-    zero = jnp.zeros((), deviation.dtype)
-    # one variadic reduction for sum |d| and sum d (exact_mean's correction): a single pass over x
-    total, signed = lax.reduce(
-        (jnp.abs(deviation), deviation), (zero, zero), lambda a, b: (a[0] + b[0], a[1] + b[1]), axes
-    )
-    shape = keepdims_shape(values, axes)
-    return reduce_sum(total.reshape(shape)), reduce_sum(signed.reshape(shape))
+    return reduce_sum(jnp.sum(jnp.abs(deviation), axes, keepdims=True))
 
 
 @_abs_deviation_sum.defjvp
@@ -307,7 +316,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
         is_above = values > centre
         return is_above if mask is None else is_above & mask
 
-    total, signed = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
+    total = _abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
     # counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype): the narrowest
     # indicator that XLA:CPU's fast reductions accept
     indicator = above(distinct(mean, tag=1)).astype(jnp.bfloat16)
@@ -315,7 +324,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
     balance = 2 * reduce_sum(num_above) - count
     signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
     picked = reduce_sum(jnp.sum(signs * values_dot, axes, keepdims=True))
-    return (total, signed), (picked - mean_dot * balance, jnp.zeros_like(signed))
+    return total, picked - mean_dot * balance
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
