@@ -141,6 +141,7 @@ def batch_moments(
         p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance
     )
     check_axis_name(axis_name)
+    keepdims = check_bool(keepdims, "keepdims")
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
     size = _statistics_size(x.shape, features, virtual_batch_size)

@@ -47,6 +47,8 @@ def linf_constant(n: jnp.ndarray | int) -> jnp.ndarray:
     1.4x on Gaussian data (normalized outputs have std ~0.7); see :func:`expected_topk_abs_normal` for
     the exactly calibrated alternative. ``n`` may be traced; ``n < 2`` is treated as ``n = 2``.
     """
+    if isinstance(n, str | bytes) or not jnp.issubdtype(jnp.result_type(n), jnp.number):
+        raise TypeError(f"n must be a number or an array of counts, got {n!r}")
     n = jnp.maximum(_as_float(n), 2.0)
     return _LINF_NUMERATOR / jnp.sqrt(2 * jnp.log(n))
 

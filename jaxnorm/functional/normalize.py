@@ -71,6 +71,8 @@ def normalize(
     its own derivative (``_last_axis_norm``).
     """
     epsilon = check_epsilon(epsilon)
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(f"dtype must be a floating dtype (or None for x's dtype), got {dtype!r}")
     check_broadcasts(mean, x.shape, "mean")
     check_broadcasts(var, x.shape, "var")
     check_broadcasts(scale, x.shape, "scale")
@@ -249,6 +251,8 @@ def layer_norm(
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
+    if not axes:
+        raise ValueError(f"axis must name at least one axis to normalize over, got {axis!r}")
     return per_example_norm(
         x,
         axes,
