@@ -8,9 +8,11 @@ Usage::
 For every shape, dtype and layer, three jitted candidates are timed in alternation (``_timing.py``):
 the jaxnorm module, its flax.linen equivalent, and a copy of the input (``x + zero`` with ``zero`` a
 runtime scalar, so XLA cannot elide it: one read and one write of ``x``, the memory-bandwidth floor).
-Two passes: *fwd* (``module.apply``; batch norm in training mode, returning the new ``batch_stats``) and
+Three passes: *fwd* (``module.apply``; batch norm in training mode, returning the new ``batch_stats``),
 *fwd+bwd* (``jax.grad`` of ``sum(y * cotangent)`` with respect to the params and ``x``, plus the new
-``batch_stats``). Modules are built with ``dtype`` equal to the input's, so bf16 in gives bf16 out
+``batch_stats``), and *fwd+bwd x*, the same gradient with respect to ``x`` alone (what a layer that is
+not the last differentiates when its params are frozen, and a different program for XLA). Modules are
+built with ``dtype`` equal to the input's, so bf16 in gives bf16 out
 (statistics in float32 in both libraries). Ratios are medians of per-repeat ratios; the targets of
 issue 2 are checked and marked PASS / FAIL. The output is a Markdown table. ``--clock cpu`` and
 ``--malloc`` are explained in ``docs/benchmarks.md``.
@@ -130,8 +132,10 @@ class Result:
         return "FAIL" if self.failures else "PASS"
 
 
-def _passes(module: fnn.Module, batch_stats: bool) -> tuple[Callable, Callable]:
-    """Jitted ``forward(variables, x)`` and ``train(variables, x, cotangent)`` of ``module``."""
+def _passes(module: fnn.Module, batch_stats: bool) -> tuple[Callable, Callable, Callable]:
+    """Jitted ``forward(variables, x)``, ``train(variables, x, cotangent)`` (gradient with respect to the
+    params and ``x``) and ``input_gradient(variables, x, cotangent)`` (with respect to ``x`` alone) of
+    ``module``."""
     mutable = ["batch_stats"] if batch_stats else False
 
     def forward(variables, x):
@@ -143,12 +147,17 @@ def _passes(module: fnn.Module, batch_stats: bool) -> tuple[Callable, Callable]:
         return jnp.sum(y * cotangent, dtype=jnp.float32), updates
 
     grad = jax.grad(loss, argnums=(0, 1), has_aux=True)
+    grad_x = jax.grad(loss, argnums=1, has_aux=True)
 
     def train(variables, x, cotangent):
         state = {k: v for k, v in variables.items() if k != "params"}
         return grad(variables["params"], x, state, cotangent)
 
-    return jax.jit(forward), jax.jit(train)
+    def input_gradient(variables, x, cotangent):
+        state = {k: v for k, v in variables.items() if k != "params"}
+        return grad_x(variables["params"], x, state, cotangent)
+
+    return jax.jit(forward), jax.jit(train), jax.jit(input_gradient)
 
 
 def _copy(x, zero):
@@ -163,15 +172,19 @@ def bench_row(row: Row, x: jnp.ndarray, cotangent: jnp.ndarray, timing_kw: dict)
     for side, factory in (("ours", row.ours), ("flax", row.flax)):
         module = factory(x.dtype)
         variables = module.init(jax.random.key(0), x)
-        forward, train = _passes(module, row.batch_stats)
+        forward, train, input_gradient = _passes(module, row.batch_stats)
         candidates[side] = (
             lambda f=forward, v=variables: f(v, x),
             lambda f=train, v=variables: f(v, x, cotangent),
+            lambda f=input_gradient, v=variables: f(v, x, cotangent),
         )
     results = []
-    for index, (kind, flax_target, copy_target) in enumerate(
-        (("fwd", row.forward_target, FORWARD_COPY_TARGET), ("fwd+bwd", row.train_target, None))
-    ):
+    kinds = (
+        ("fwd", row.forward_target, FORWARD_COPY_TARGET),
+        ("fwd+bwd", row.train_target, None),
+        ("fwd+bwd x", row.train_target, None),
+    )
+    for index, (kind, flax_target, copy_target) in enumerate(kinds):
         t = time_interleaved(
             {"ours": candidates["ours"][index], "flax": candidates["flax"][index],
              "copy": lambda: copy(x, zero)},

@@ -1,26 +1,24 @@
 """The functional core: pure, jit-able normalization functions on arrays (no Flax, no optax).
 
-Activation normalizations (:mod:`.activation`) reduce with the Lp statistics of :mod:`.stats`;
-weight-space normalizations live in :mod:`.weight`.
+One concept per module: :mod:`.calibration` (Gaussian constants), :mod:`.moments` (mean / M2, shifted
+sums, Chan merge, channel groups), :mod:`.collectives` (the cross-device reduction), :mod:`.dispersion`
+(sigma_hat per p), :mod:`.batch` (batch statistics and batch norm, :class:`~.batch.BatchOptions`),
+:mod:`.normalize` (layer / group / instance / RMS norm, NormProp), :mod:`.weight` (weight-space
+normalizations), :mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the Flax modules'
+forward passes). ``stats`` and ``activation`` are compatibility re-exports of the first ones.
 """
 
-from jaxnorm.functional.activation import (
+from jaxnorm.functional.batch import batch_moments, batch_norm, batch_stats
+from jaxnorm.functional.calibration import L1_CONSTANT, expected_topk_abs_normal, linf_constant
+from jaxnorm.functional.normalize import (
     RELU_MEAN,
     RELU_STD,
-    batch_norm,
     group_norm,
     instance_norm,
     layer_norm,
     normalize,
     normprop_relu,
     rms_norm,
-)
-from jaxnorm.functional.stats import (
-    L1_CONSTANT,
-    batch_moments,
-    batch_stats,
-    expected_topk_abs_normal,
-    linf_constant,
 )
 from jaxnorm.functional.weight import (
     bounded_weight_norm,

@@ -40,12 +40,19 @@ def check_floating(x: jnp.ndarray, name: str = "x") -> None:
 
 
 def canonical_axes(axis: int | Sequence[int], ndim: int, name: str = "axis") -> tuple[int, ...]:
-    """Normalise an int or sequence of ints to sorted non-negative axes, checking the range."""
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    """Normalise an int or sequence of ints (Python or NumPy integers) to sorted non-negative axes,
+    checking the range."""
+    if isinstance(axis, numbers.Integral):
+        axes = (axis,)
+    elif isinstance(axis, Sequence) and not isinstance(axis, str):
+        axes = tuple(axis)
+    else:
+        raise TypeError(f"{name} must be an int or a tuple of ints, got {axis!r}")
     out = []
     for a in axes:
-        if not isinstance(a, int) or isinstance(a, bool):
+        if not isinstance(a, numbers.Integral) or isinstance(a, bool | np.bool_):
             raise TypeError(f"{name} must be an int or a tuple of ints, got {axis!r}")
+        a = int(a)
         if not -ndim <= a < ndim:
             raise ValueError(f"{name}={axis!r} is out of range for an input of rank {ndim}")
         out.append(a % ndim)
@@ -55,9 +62,56 @@ def canonical_axes(axis: int | Sequence[int], ndim: int, name: str = "axis") -> 
 
 
 def check_positive_int(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    """A positive Python or NumPy integer (not a bool), returned as an int."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return int(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """A Python or NumPy bool, returned as a bool."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_momentum(value: object, name: str = "momentum") -> float:
+    """A real number in [0, 1]."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1], got {value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1] (the weight of the old running average), got {value!r}")
+    return float(value)
+
+
+def check_axis_name(axis_name: object, name: str = "axis_name") -> None:
+    """``axis_name`` (None, or a name or tuple of names) must be bound by an enclosing pmap / shard_map /
+    vmap."""
+    if axis_name is None:
+        return
+    try:
+        jax.lax.axis_size(axis_name)
+    except NameError as error:
+        raise ValueError(
+            f"{name}={axis_name!r} is not bound by an enclosing jax.pmap, shard_map or vmap(axis_name=...) "
+            f"({error}); pass axis_name=None outside a mapped computation"
+        ) from None
+
+
+def check_broadcasts(value: object, shape: tuple[int, ...], name: str, target: str = "x") -> None:
+    """``value`` (None or an array) must broadcast to ``shape`` without changing it."""
+    if value is None:
+        return
+    try:
+        out = jnp.broadcast_shapes(jnp.shape(value), shape)
+    except ValueError:
+        out = None
+    if out != tuple(shape):
+        raise ValueError(
+            f"{name} of shape {jnp.shape(value)} does not broadcast to {target}.shape {tuple(shape)}"
+        )
 
 
 def check_mask(mask: object, x: jnp.ndarray, name: str = "mask") -> jnp.ndarray | None:
@@ -81,11 +135,11 @@ def num_groups_of(channels: int, num_groups: int | None, group_size: int | None)
             f"num_groups=None); got num_groups={num_groups!r}, group_size={group_size!r}"
         )
     if group_size is not None:
-        check_positive_int(group_size, "group_size")
+        group_size = check_positive_int(group_size, "group_size")
         if channels % group_size:
             raise ValueError(f"group_size={group_size} must divide the number of channels {channels}")
         return channels // group_size
-    check_positive_int(num_groups, "num_groups")
+    num_groups = check_positive_int(num_groups, "num_groups")
     if channels % num_groups:
         raise ValueError(f"num_groups={num_groups} must divide the number of channels {channels}")
     return num_groups

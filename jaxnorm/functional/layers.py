@@ -15,19 +15,28 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import PNorm, canonical_axes, check_floating, num_groups_of
-from jaxnorm.functional.activation import normalize, normalize_batch, per_example_norm, rms_norm
-from jaxnorm.functional.stats import (
-    AxisIndexGroups,
-    Calibration,
-    ChannelGroups,
-    batch_moments,
-    check_batch_options,
+from jaxnorm.functional._checks import (
+    PNorm,
+    canonical_axes,
+    canonical_p,
+    check_epsilon,
+    check_floating,
+    check_mask,
+    check_momentum,
+    num_groups_of,
 )
+from jaxnorm.functional.batch import batch_moments, check_batch_options, normalize_batch
+from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.collectives import AxisIndexGroups
+from jaxnorm.functional.moments import ChannelGroups
+from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
 
 __all__ = [
+    "INSTANCE_BATCH_AXIS_MESSAGE",
     "BatchNormOutput",
     "batch_norm_layer",
+    "check_instance_feature_axes",
+    "complex_batch_norm_layer",
     "group_norm_layer",
     "layer_norm_layer",
     "num_groups_of",
@@ -89,8 +98,18 @@ def batch_norm_layer(
     running statistics. ``mean_only=True``: ``y = (x - mu) * scale + bias`` and ``running_var`` is
     returned unchanged (Salimans & Kingma 2016, Sec. 2.2).
     """
+    if jnp.iscomplexobj(x):
+        return complex_batch_norm_layer(
+            x, running_mean=running_mean, running_var=running_var, scale=scale, bias=bias,
+            use_running_average=use_running_average, update_running_stats=update_running_stats, axis=axis,
+            momentum=momentum, epsilon=epsilon, p=p, axis_name=axis_name, axis_index_groups=axis_index_groups,
+            mask=mask, dtype=dtype,
+        )
     check_floating(x, "x")
-    check_batch_options(p, topk, calibration, virtual_batch_size)
+    p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance = check_batch_options(
+        p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance
+    )
+    momentum, epsilon = check_momentum(momentum), check_epsilon(epsilon)
     feature_axes = canonical_axes(axis, x.ndim, "axis")
     shape = _feature_shape(x, feature_axes)
     out_dtype = _output_dtype(dtype, x, scale, bias)
@@ -126,21 +145,142 @@ def batch_norm_layer(
         epsilon=epsilon,
         dtype=out_dtype,
     )
-    if virtual_batch_size is None:
-        batch_mean, batch_var = mean.reshape(running_mean.shape), var
-    else:  # ghost batches: the running statistics follow the mean of their statistics
-        batch_mean = jnp.mean(mean, axis=0).reshape(running_mean.shape)
-        batch_var = None if var is None else jnp.mean(var, axis=0)
     if not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)
-    new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(batch_mean)
-    if batch_var is None:
-        new_var = running_var
-    else:
-        new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(
-            batch_var.reshape(running_var.shape)
-        )
+    new_mean, new_var = _running_update(
+        running_mean,
+        running_var,
+        mean,
+        var,
+        _occupied(x, feature_axes, mask, virtual_batch_size, axis_name, axis_index_groups),
+        momentum,
+        ghosts=virtual_batch_size is not None,
+    )
     return BatchNormOutput(y, new_mean, new_var)
+
+
+def _occupied(
+    x: jnp.ndarray,
+    feature_axes: tuple[int, ...],
+    mask: jnp.ndarray | None,
+    virtual_batch_size: int | None,
+    axis_name: str | Sequence[str] | None,
+    axis_index_groups: AxisIndexGroups,
+) -> jnp.ndarray | None:
+    """Whether each feature (of each ghost batch) keeps an element of ``mask`` on any device of
+    ``axis_name``, shaped like the keepdims batch statistics; ``None`` without a mask."""
+    mask = check_mask(mask, x)
+    if mask is None:
+        return None
+    if virtual_batch_size is not None:
+        mask = mask.reshape(x.shape[0] // virtual_batch_size, virtual_batch_size, *x.shape[1:])
+        feature_axes = (0, *(a + 1 for a in feature_axes))
+    axes = tuple(a for a in range(mask.ndim) if a not in feature_axes)
+    count = jnp.sum(mask, axis=axes, keepdims=True, dtype=jnp.int32)
+    if axis_name is not None:
+        count = lax.psum(count, axis_name, axis_index_groups=axis_index_groups)
+    return count > 0
+
+
+def _running_update(
+    running_mean: jnp.ndarray,
+    running_var: jnp.ndarray,
+    mean: jnp.ndarray,
+    var: jnp.ndarray | None,
+    occupied: jnp.ndarray | None,
+    momentum: float,
+    ghosts: bool,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``ra = momentum * ra + (1 - momentum) * batch`` in float32 (or wider) whatever the compute dtype,
+    stored in the running statistics' dtype. With ``ghosts`` the statistics carry a leading ghost-batch
+    axis and the batch value is the mean over the ghost batches. Features (or ghost batches) that keep
+    no element of the mask contribute nothing: a feature empty in the whole batch keeps its running
+    statistics bit for bit."""
+    acc = jnp.promote_types(running_mean.dtype, jnp.float32)
+    weights = jnp.ones(mean.shape, acc)
+    if occupied is not None:
+        weights = jnp.broadcast_to(occupied, mean.shape).astype(acc)
+    if ghosts:
+        total = jnp.sum(weights, axis=0)
+        average = lambda stat: jnp.sum(stat * weights, axis=0) / jnp.maximum(total, 1)
+    else:
+        total = weights
+        average = lambda stat: stat
+
+    def update(running: jnp.ndarray, stat: jnp.ndarray) -> jnp.ndarray:
+        batch = average(lax.stop_gradient(stat).astype(acc)).reshape(running.shape)
+        ra = running.astype(acc)
+        moved = momentum * ra + (1 - momentum) * batch
+        return jnp.where(total.reshape(running.shape) > 0, moved, ra).astype(running.dtype)
+
+    new_var = running_var if var is None else update(running_var, var)
+    return update(running_mean, mean), new_var
+
+
+def complex_batch_norm_layer(
+    x: jnp.ndarray,
+    *,
+    running_mean: jnp.ndarray,
+    running_var: jnp.ndarray,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    use_running_average: bool,
+    update_running_stats: bool = True,
+    axis: int | Sequence[int] = -1,
+    momentum: float = 0.99,
+    epsilon: float = 1e-5,
+    p: PNorm | float = 2,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    mask: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> BatchNormOutput:
+    """BatchNorm of complex ``x`` as flax computes it: complex mean ``mu = E[x]``, real variance
+    ``E|x - mu|^2 = E|x|^2 - |mu|^2`` (clipped at 0), ``y = (x - mu) * rsqrt(var + epsilon) * scale +
+    bias``; the running mean becomes complex as flax's does. Only ``p = 2`` is defined for complex data
+    (Norm matters' Lp dispersions are for real data)."""
+    if canonical_p(p) != 2:
+        raise TypeError(f"complex x is supported with p=2 only (as flax's BatchNorm), got p={p!r}")
+    momentum, epsilon = check_momentum(momentum), check_epsilon(epsilon)
+    feature_axes = canonical_axes(axis, x.ndim, "axis")
+    reduce_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
+    shape = _feature_shape(x, feature_axes)
+    out_dtype = _output_dtype(dtype, x, scale, bias)
+    scale, bias = _expand(scale, shape), _expand(bias, shape)
+    if use_running_average:
+        mean, var = running_mean.reshape(shape), running_var.reshape(shape)
+    else:
+        x_c = x.astype(jnp.promote_types(x.dtype, jnp.complex64))
+        mask = check_mask(mask, x)
+        abs_sq = jnp.real(x_c * jnp.conj(x_c))
+        mean = jnp.mean(x_c, reduce_axes, keepdims=True, where=mask)
+        mean2 = jnp.mean(abs_sq, reduce_axes, keepdims=True, where=mask)
+        if axis_name is not None:
+            mean, mean2 = lax.pmean((mean, mean2), axis_name, axis_index_groups=axis_index_groups)
+        var = jnp.maximum(0.0, mean2 - jnp.real(mean * jnp.conj(mean)))
+    y = (x - mean) * lax.rsqrt(var + epsilon)
+    if scale is not None:
+        y = y * scale
+    if bias is not None:
+        y = y + bias
+    y = y.astype(out_dtype)
+    if use_running_average or not update_running_stats:
+        return BatchNormOutput(y, running_mean, running_var)
+    new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(mean).reshape(running_mean.shape)
+    new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(var).reshape(running_var.shape)
+    return BatchNormOutput(y, new_mean, new_var)
+
+
+INSTANCE_BATCH_AXIS_MESSAGE = (
+    "The channel axes cannot include the leading dimension as this is assumed to be the batch axis."
+)
+"""flax's error for an InstanceNorm whose feature axes include axis 0 (the batch axis)."""
+
+
+def check_instance_feature_axes(feature_axes: tuple[int, ...]) -> None:
+    """InstanceNorm's canonical (non-negative) ``feature_axes`` must not include axis 0, with flax's error."""
+    if 0 in feature_axes:
+        raise ValueError(INSTANCE_BATCH_AXIS_MESSAGE)
 
 
 def layer_norm_layer(
@@ -237,6 +377,7 @@ def rms_norm_layer(
     """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
     check_floating(x, "x")  # before the cast to the compute dtype, which would hide an integer x
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
+    reduction_axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
     if scale is not None:
         compute_dtype = jnp.promote_types(compute_dtype, scale.dtype)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
-from jaxnorm.functional.stats import batch_moments
+from jaxnorm.functional.batch import batch_moments
 
 __all__ = [
     "bounded_weight_norm",
@@ -90,6 +90,8 @@ def fans(shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) < 2:
         raise ValueError(f"fans needs a kernel shape of rank >= 2, got {shape}")
     shape = tuple(int(d) for d in shape)
+    if 0 in shape:
+        raise ValueError(f"fans needs a kernel shape without empty axes, got shape {shape}")
     receptive = math.prod(shape[:-2])
     return shape[-2] * receptive, shape[-1] * receptive
 

@@ -5,7 +5,7 @@ Every flax argument keeps its name and default, the variables keep flax's collec
 numbers are flax's — code and checkpoints written for flax keep working. jaxnorm's own arguments:
 ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``, ``virtual_batch_size``, ``mean_only``.
 Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation
-(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.stats`);
+(shifted sums) rather than ``E[x^2] - E[x]^2`` (see :mod:`jaxnorm.functional.moments`);
 ``force_float32_reductions`` is accepted and has no effect, since the statistics are always float32 or
 wider; a BatchNorm ``init`` batch too small for batch statistics is normalized with the initial running
 statistics rather than raising.
@@ -25,7 +25,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import layers
 from jaxnorm.functional._checks import PNorm, canonical_axes
-from jaxnorm.functional.stats import batch_gives_statistics
+from jaxnorm.functional.batch import batch_gives_statistics
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
 
@@ -56,8 +56,9 @@ class BatchNorm(nn.Module):
 
     ``batch_stats/var`` holds ``sigma_hat**2`` for every ``p`` so evaluation code stays the same.
     Running statistics are not updated during ``init``, as in flax; an ``init`` batch too small for
-    batch statistics (one example, or not a multiple of ``virtual_batch_size``) is normalized with the
-    initial running statistics instead of raising, so ``model.init(key, x[:1])`` works as with flax.
+    batch statistics (one example) is normalized with the initial running statistics instead of
+    raising, so ``model.init(key, x[:1])`` works as with flax; a larger ``init`` batch that is not a
+    multiple of ``virtual_batch_size`` raises, as it would in training.
     """
 
     use_running_average: bool | None = None
@@ -92,9 +93,11 @@ class BatchNorm(nn.Module):
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
-        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size):
-            # init needs the shapes only: a dummy batch too small for batch statistics (one example,
-            # or not a multiple of virtual_batch_size) is normalized with the initial running ones
+        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size) and (
+            x.shape[0] == 1 or self.virtual_batch_size is None
+        ):
+            # init needs the shapes only: a dummy batch too small for batch statistics (one example)
+            # is normalized with the initial running ones; any other batch is checked as in training
             use_running_average = True
         out = layers.batch_norm_layer(
             x,
@@ -187,6 +190,7 @@ class InstanceNorm(nn.Module):
     @nn.compact
     def __call__(self, x, *, mask=None):
         feature_axes = canonical_axes(self.feature_axes, x.ndim, "feature_axes")
+        layers.check_instance_feature_axes(feature_axes)
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
         scale, bias = _scale_and_bias(self, tuple(x.shape[a] for a in feature_axes))
         return layers.layer_norm_layer(

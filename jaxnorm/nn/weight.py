@@ -22,7 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.activation import normprop_relu
+from jaxnorm.functional.normalize import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     scaled_weight_norm,

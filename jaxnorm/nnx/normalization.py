@@ -8,7 +8,7 @@ are those of :mod:`jaxnorm.nn`: ``p`` (2, 1 or 'inf'), ``topk``, ``calibration``
 with ``use_running_average=False`` (nnx has no separate init pass).
 
 Differences from flax, on purpose: ``use_fast_variance=True`` is a stable one-pass computation (shifted
-sums, :mod:`jaxnorm.functional.stats`) rather than ``E[x^2] - E[x]^2``; running statistics stay float32
+sums, :mod:`jaxnorm.functional.moments`) rather than ``E[x^2] - E[x]^2``; running statistics stay float32
 whatever ``dtype`` is; statistics of half-precision inputs are float32.
 
 The computation lives in :mod:`jaxnorm.functional.layers`, shared with :mod:`jaxnorm.nn`; these classes
@@ -27,8 +27,16 @@ from flax.nnx.nn import dtypes
 from flax.typing import Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.functional import layers
-from jaxnorm.functional._checks import PNorm, canonical_axes, canonical_p, check_floating
-from jaxnorm.functional.stats import Calibration, check_batch_options
+from jaxnorm.functional._checks import (
+    PNorm,
+    canonical_axes,
+    canonical_p,
+    check_epsilon,
+    check_floating,
+    check_momentum,
+)
+from jaxnorm.functional.batch import check_batch_options
+from jaxnorm.functional.calibration import Calibration
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
@@ -58,7 +66,7 @@ class _Affine(nnx.Module):
         self.scale = optional_param(use_scale, scale_init, shape, param_dtype, rngs, scale_metadata)
         self.bias = optional_param(use_bias, bias_init, shape, param_dtype, rngs, bias_metadata)
         self.num_features = num_features
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.use_bias = use_bias
@@ -68,9 +76,13 @@ class _Affine(nnx.Module):
         self.use_fast_variance = use_fast_variance
         self.promote_dtype = promote_dtype
 
-    def _promoted(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
-        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` must be floating)."""
-        check_floating(x, "x")
+    def _promoted(
+        self, x: jnp.ndarray, allow_complex: bool = False
+    ) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
+        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` must be floating,
+        or complex where ``allow_complex``: BatchNorm, as flax's)."""
+        if not (allow_complex and jnp.iscomplexobj(x)):
+            check_floating(x, "x")
         return self.promote_dtype((x, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype)
 
 
@@ -118,7 +130,9 @@ class BatchNorm(_Affine):
         virtual_batch_size: int | None = None,
         mean_only: bool = False,
     ):
-        self.p = check_batch_options(p, topk, calibration, virtual_batch_size)
+        options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
+        self.p = options.p
+        momentum = check_momentum(momentum)
         self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
         self._init_affine(
@@ -131,10 +145,10 @@ class BatchNorm(_Affine):
         self.use_running_average = use_running_average
         self.axis = axis
         self.momentum = momentum
-        self.topk = topk
-        self.calibration = calibration
-        self.virtual_batch_size = virtual_batch_size
-        self.mean_only = mean_only
+        self.topk = options.topk
+        self.calibration = options.calibration
+        self.virtual_batch_size = options.virtual_batch_size
+        self.mean_only = options.mean_only
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
         """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the elements of the statistics.
@@ -150,7 +164,7 @@ class BatchNorm(_Affine):
                 "model.eval() / model.train()), got None in both"
             )
         feature_axes = _check_features(x, self.axis, self.num_features, "axis")
-        x, scale, bias = self._promoted(x)
+        x, scale, bias = self._promoted(x, allow_complex=True)
         out = layers.batch_norm_layer(
             x, running_mean=self.mean[...], running_var=self.var[...], scale=scale, bias=bias,
             use_running_average=use_running_average, axis=feature_axes, momentum=self.momentum,
@@ -160,7 +174,8 @@ class BatchNorm(_Affine):
             use_fast_variance=self.use_fast_variance, mask=mask, dtype=self.dtype,
         )
         if not use_running_average:
-            self.mean[...] = out.running_mean.astype(self.mean.dtype)
+            # a complex batch mean is stored as its real part, as flax.nnx's float32 BatchStat does
+            self.mean[...] = jnp.real(out.running_mean).astype(self.mean.dtype)
             self.var[...] = out.running_var.astype(self.var.dtype)
         return out.y
 
@@ -251,10 +266,13 @@ class InstanceNorm(_Affine):
             promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
             scale_metadata=scale_metadata,
         )
+        if 0 in ((feature_axes,) if isinstance(feature_axes, int) else tuple(feature_axes)):
+            layers.check_instance_feature_axes((0,))  # axis 0 is the batch axis whatever the input
         self.feature_axes = feature_axes
 
     def __call__(self, x, *, mask=None):
         """Normalize each example and channel over every axis but the batch and ``feature_axes``."""
+        layers.check_instance_feature_axes(canonical_axes(self.feature_axes, x.ndim, "feature_axes"))
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
         x, scale, bias = self._promoted(x)
@@ -347,7 +365,7 @@ class RMSNorm(nnx.Module):
     ):
         self.scale = optional_param(use_scale, scale_init, (num_features,), param_dtype, rngs, scale_metadata)
         self.num_features = num_features
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.use_scale = use_scale

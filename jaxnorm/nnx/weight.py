@@ -24,7 +24,8 @@ from flax import nnx
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.activation import normprop_relu
+from jaxnorm.functional._checks import check_epsilon, check_positive_values
+from jaxnorm.functional.normalize import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     scaled_weight_norm,
@@ -149,7 +150,7 @@ class _WeightNorm:
             raise ValueError(f"g_init must be 'norm' or 'ones'{hint}, got {g_init!r}")
         self.scale = nnx.Param(jnp.asarray(g, self.param_dtype))
         self.g_init = g_init
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
         self.data_init_epsilon = data_init_epsilon
 
     def _effective_kernel(self):
@@ -182,8 +183,9 @@ class _ScaledWeightNorm:
 
     def _init_scaled_weight_norm(self, gain, epsilon, scale_init, rngs):
         self.scale = nnx.Param(scale_init(rngs.params(), (self.out_features,), self.param_dtype))
+        check_positive_values(gain, "gain")
         self.gain = gain
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):
         return scaled_weight_norm(self.kernel[...], self.scale[...], gain=self.gain, epsilon=self.epsilon)
@@ -200,7 +202,7 @@ class _BoundedWeightNorm:
         norms = unit_norm(self.kernel[...])
         self.rho = Constant(norms if per_unit else jnp.mean(norms))
         self.per_unit = per_unit
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):
         return bounded_weight_norm(self.kernel[...], self.rho[...], epsilon=self.epsilon)
@@ -213,7 +215,7 @@ class _WeightStandardization:
         shape = (self.out_features,)
         self.gain = optional_param(use_gain, gain_init, shape, self.param_dtype, rngs, NO_METADATA)
         self.use_gain = use_gain
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):
         return weight_standardization(self.kernel[...], gain=value_or_none(self.gain), epsilon=self.epsilon)
@@ -226,7 +228,7 @@ class _NormProp:
     def _init_normprop(self, activation, epsilon, scale_init, rngs):
         self.scale = nnx.Param(scale_init(rngs.params(), (self.out_features,), self.param_dtype))
         self.activation = activation
-        self.epsilon = epsilon
+        self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):
         return weight_norm(self.kernel[...], self.scale[...], epsilon=self.epsilon)

@@ -1,0 +1,243 @@
+"""Moments of groups of elements: count, mean and M2, their shifted-data sums and their exact merge.
+
+Mean and ``M2 = sum (x - mean)^2`` of every group (batch-norm channel, layer-norm row, ...) are computed
+in float32 (or float64) from the shifted sums ``sum (x - K)`` and ``sum (x - K)^2`` about one element
+``K`` of the group, with a second pass about the mean where those would cancel (:func:`local_moments`).
+Partial moments (per device, per channel of a group) merge with Chan, Golub & LeVeque's pairwise formula
+(*Algorithms for computing the sample variance*, The American Statistician 1983), exact for unequal
+counts (:func:`combine_moments`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional.platform import distinct, separate_reads
+
+__all__ = [
+    "CONDITION_LIMIT",
+    "ChannelGroups",
+    "Moments",
+    "as_columns",
+    "combine_moments",
+    "group_combine",
+    "group_reduce",
+    "keepdims_shape",
+    "kept_shape",
+    "local_moments",
+    "stats_dtype",
+]
+
+
+class Moments(NamedTuple):
+    """Partial statistics of a group of elements, kept with reduced axes of size 1.
+
+    Attributes:
+      count: number of (unmasked) elements, float.
+      mean: their mean.
+      m2: the sum of squared deviations from ``mean`` (``None`` where only the mean is needed).
+    """
+
+    count: jnp.ndarray
+    mean: jnp.ndarray
+    m2: jnp.ndarray | None
+
+
+def stats_dtype(x: jnp.ndarray) -> jnp.dtype:
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
+CONDITION_LIMIT = 32.0
+
+
+"""Largest ``mean^2 / var`` of a group for which :func:`local_moments` keeps the one-pass raw sums.
+
+The raw-sum variance ``(sum x^2 - (sum x)^2 / n) / n`` loses ``log2(1 + mean^2 / var)`` bits to
+cancellation; up to 32 this is at most 5 bits, about the rounding error of a float32 sum of a
+few thousand terms. Beyond it (and for zero variance with a non-zero mean) the moments are recomputed
+about the mean."""
+
+
+def local_moments(
+    x: jnp.ndarray,
+    axes: tuple[int, ...],
+    *,
+    mask: jnp.ndarray | None = None,
+    with_m2: bool = True,
+    one_pass: bool = True,
+) -> Moments:
+    """Count, mean and M2 of ``x`` over ``axes`` (keepdims), accurate whatever the mean.
+
+    Two ways to M2, each run where XLA (CPU and GPU) makes it cheapest:
+
+    - Reductions over the last (contiguous) axis — layer norm over several axes — take two passes, the
+      second over ``d = x - mean``: XLA fuses a row's normalization into one kernel, so it costs nothing.
+    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for
+      ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
+      when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
+      cancellation case (flax's ``use_fast_variance``), a constant group included — a
+      :func:`jax.lax.cond` takes the second pass. Only one branch runs (both under ``vmap`` with a
+      batched predicate). ``one_pass=False`` always takes the second pass.
+
+    The second pass is the shifted-data algorithm about the raw mean ``m = sum x / n`` (Chan et al.
+    1983): ``mean = m + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; a constant group has a single
+    deviation ``d``, so its mean comes out exact and it normalizes to exactly 0. The derivatives are the
+    exact ones, ``d mean = sum(dx) / n`` and ``d M2 = 2 sum((x - mean) dx)``, by a custom JVP: the
+    branch taken does not change the backward pass. Without M2 the mean is ``sum x / n``
+    (:func:`jaxnorm.functional.dispersion.dispersion_moments` makes it exact for constant groups).
+    """
+    dtype = stats_dtype(x)
+    if mask is None:
+        count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
+    else:
+        count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
+    if not with_m2:
+        total = jnp.sum(_widen(x, mask), axis=axes, keepdims=True)
+        return Moments(count, total / jnp.maximum(count, 1), None)
+    return Moments(count, *_mean_m2(x, count, mask, axes, one_pass))
+
+
+def _widen(x: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    """``x`` in the statistics dtype, zero where masked."""
+    values = x.astype(stats_dtype(x))
+    return values if mask is None else jnp.where(mask, values, 0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _mean_m2(
+    x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Mean and M2 of ``x`` (unmasked elements, statistics dtype) over ``axes``; see :func:`local_moments`."""
+    return _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=False)
+
+
+def _mean_m2_value(
+    x: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    one_pass: bool,
+    *,
+    opaque_mean: bool,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a ``distinct`` copy of the mean: under
+    differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
+    out; without it, a row's whole normalization stays one fused kernel."""
+    safe_count = jnp.maximum(count, 1)
+    last_axis = x.ndim - 1 in axes
+    sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
+    total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
+    mean = total / safe_count
+
+    def deviations(centre: jnp.ndarray) -> jnp.ndarray:
+        d = x.astype(centre.dtype) - centre
+        return d if mask is None else jnp.where(mask, d, 0)
+
+    def shifted_pass(centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        # the shifted-data algorithm about the raw mean: exact whatever its rounding error, and a
+        # constant group has one deviation d, so its mean comes out exact and its M2 zero
+        d = deviations(centre)
+        d_total = jnp.sum(d, axis=axes, keepdims=True)
+        m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
+        return mean + d_total / safe_count, jnp.maximum(m2, 0)
+
+    if last_axis:
+        return shifted_pass(distinct(mean) if opaque_mean else mean)
+    if not one_pass:
+        return shifted_pass(distinct(mean))
+    raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
+    well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
+    return lax.cond(
+        well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), lambda: shifted_pass(distinct(mean))
+    )
+
+
+@_mean_m2.defjvp
+def _mean_m2_jvp(axes, one_pass, primals, tangents):
+    x, count, mask = primals
+    values_dot = _widen(tangents[0], mask)
+    mean, m2 = _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=True)
+    mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
+    # a distinct copy of the mean: ``x - mean`` is then not shared with the caller's ``x - mean``,
+    # which XLA would write to memory rather than recompute inside each of the two reductions
+    deviation = x.astype(mean.dtype) - distinct(mean, tag=1)
+    m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)
+    return (mean, m2), (mean_dot, m2_dot)
+
+
+def combine_moments(moments: Moments, axis: int) -> Moments:
+    """Merge partial moments along ``axis`` (keepdims) with Chan et al.'s formula.
+
+    ``n = sum n_i``, ``mean = mean_0 + sum n_i (mean_i - mean_0) / n`` (about the first part's mean, so
+    equal means merge exactly), ``M2 = sum M2_i + sum n_i (mean_i - mean)^2``.
+    Exact for unequal counts; groups with ``n = 0`` contribute nothing.
+    """
+    count = jnp.broadcast_to(moments.count, moments.mean.shape)
+    total = jnp.sum(count, axis=axis, keepdims=True)
+    safe_total = jnp.maximum(total, 1)
+    # about the first part's mean, so that equal means merge to exactly that mean (a constant group)
+    reference = lax.index_in_dim(moments.mean, 0, axis, keepdims=True)
+    mean = reference + jnp.sum(count * (moments.mean - reference), axis=axis, keepdims=True) / safe_total
+    if moments.m2 is None:
+        return Moments(total, mean, None)
+    between = jnp.sum(count * jnp.square(moments.mean - mean), axis=axis, keepdims=True)
+    return Moments(total, mean, jnp.sum(moments.m2, axis=axis, keepdims=True) + between)
+
+
+class ChannelGroups(NamedTuple):
+    """Channels merged into groups after the per-channel reduction (group norm)."""
+
+    channel_axis: int
+    num_groups: int
+
+
+def _split_groups(stat: jnp.ndarray, groups: ChannelGroups, shape: tuple[int, ...]) -> jnp.ndarray:
+    """``(..., C, ...)`` -> ``(..., G, C // G, ...)`` at the channel axis, broadcasting ``stat`` first."""
+    c = groups.channel_axis
+    return jnp.broadcast_to(stat, shape).reshape((*shape[:c], groups.num_groups, -1, *shape[c + 1 :]))
+
+
+def _merge_groups(grouped: jnp.ndarray, groups: ChannelGroups, shape: tuple[int, ...]) -> jnp.ndarray:
+    """Broadcast a per-group statistic back to every channel of its group."""
+    c = groups.channel_axis
+    full = (*shape[:c], groups.num_groups, shape[c] // groups.num_groups, *shape[c + 1 :])
+    return jnp.broadcast_to(grouped, full).reshape(shape)
+
+
+def group_reduce(stat: jnp.ndarray, groups: ChannelGroups | None, op) -> jnp.ndarray:
+    """Reduce a keepdims per-channel statistic over the channels of each group (sum or max)."""
+    if groups is None:
+        return stat
+    reduced = op(_split_groups(stat, groups, stat.shape), axis=groups.channel_axis + 1, keepdims=True)
+    return _merge_groups(reduced, groups, stat.shape)
+
+
+def group_combine(moments: Moments, groups: ChannelGroups | None) -> Moments:
+    """Merge per-channel moments into per-group moments, broadcast back to the channels."""
+    if groups is None:
+        return moments
+    shape = moments.mean.shape
+    split = lambda a: None if a is None else _split_groups(a, groups, shape)
+    merged = combine_moments(Moments(*map(split, moments)), groups.channel_axis + 1)
+    merge = lambda a: None if a is None else _merge_groups(a, groups, shape)
+    return Moments(*map(merge, merged))
+
+
+def as_columns(a: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
+    """``a`` as (reduced elements, features): the reduced ``axes`` first, the kept axes in order."""
+    kept = tuple(i for i in range(a.ndim) if i not in axes)
+    return jnp.transpose(a, axes + kept).reshape(-1, math.prod(a.shape[i] for i in kept))
+
+
+def kept_shape(a: jnp.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for i, n in enumerate(a.shape) if i not in axes)
+
+
+def keepdims_shape(a: jnp.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if i in axes else n for i, n in enumerate(a.shape))

@@ -1,0 +1,484 @@
+"""Malformed arguments of the normalization core: every one is refused up front, by name (issue 14).
+
+Acceptance tests of issue 14's "Every argument of every public function and module validated up front,
+with an error that names it and says what is expected (types, ranges, shapes; NumPy integer scalars
+accepted where Python ints are)".
+
+1. ``MALFORMED``: one row per (callable, args, kwargs, expected exception types, argument name). Each
+   call must raise a ``ValueError`` or ``TypeError`` whose message names the argument (a raw JAX or Python
+   error such as "math domain error" or a broadcasting failure does not). Rows are written as a new user
+   would call the public API: ``jaxnorm``, ``jaxnorm.functional``, ``jaxnorm.nn`` (constructed and
+   ``init``-ed: the error must come at ``init``, not later) and ``jaxnorm.nnx`` (the constructor alone:
+   NNX's ``init`` is the constructor), plus a few rows whose error depends on the input's shape and so
+   can only come at an NNX module's first call.
+2. ``ACCEPTED``: well-formed arguments that must keep working: NumPy integer scalars where Python ints
+   are expected (``np.int64(2)`` from a config array), ``float("inf")``, the closed ends of the ranges
+   (``momentum`` 0 and 1, ``epsilon=0``), giving the same result as the canonical spelling.
+3. Flax parity: ``InstanceNorm`` with feature axes that include the batch axis raises flax's error
+   (type and message); ``BatchNorm`` on complex input gives what flax gives (flax accepts it).
+
+Only public names are used (the modules under ``jaxnorm.functional`` are being reorganised).
+"""
+
+import math
+import re
+
+import flax.linen as fnn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxnorm.functional as F
+import jaxnorm.nn as jn
+import jaxnorm.nnx as jnnx
+
+KEY = jax.random.key(0)
+_rng = np.random.default_rng(0)
+X2 = jnp.asarray(_rng.normal(size=(16, 4)), jnp.float32)  # (batch, features)
+X3 = jnp.asarray(_rng.normal(size=(4, 6, 4)), jnp.float32)  # (batch, length, channels)
+X4 = jnp.asarray(_rng.normal(size=(4, 5, 5, 6)), jnp.float32)  # (batch, h, w, channels)
+XI = jnp.arange(64, dtype=jnp.int32).reshape(16, 4)  # an integer activation
+V2 = jnp.asarray(_rng.normal(size=(6, 4)), jnp.float32)  # Dense kernel (in, out)
+W4 = jnp.asarray(_rng.normal(size=(3, 3, 2, 4)), jnp.float32)  # Conv kernel HWIO
+VI = jnp.arange(24, dtype=jnp.int32).reshape(6, 4)
+BAD_MASK = jnp.ones((16, 3), bool)  # does not broadcast to (16, 4)
+NAN = float("nan")
+
+BOTH = (ValueError, TypeError)
+
+
+def linen(cls, x=X2, call=None, **fixed):
+    """A callable ``kwargs -> variables``: construct the linen module and ``init`` it on ``x``."""
+
+    def build(**kwargs):
+        module = cls(**fixed, **kwargs)
+        return module.init(KEY, x, **(call or {}))
+
+    build.__name__ = f"nn.{cls.__name__}.init"
+    return build
+
+
+def linen_bn(x=X2, call=None, **fixed):
+    return linen(jn.BatchNorm, x, call, use_running_average=False, **fixed)
+
+
+def nnx_new(cls, *args, **fixed):
+    """A callable ``kwargs -> module``: the NNX constructor alone (errors must come here)."""
+
+    def build(**kwargs):
+        return cls(*args, **fixed, **kwargs, rngs=nnx.Rngs(0))
+
+    build.__name__ = f"nnx.{cls.__name__}"
+    return build
+
+
+def nnx_call(cls, x, *args, **fixed):
+    """A callable ``kwargs -> output``: construct the NNX module and call it once (shape-dependent errors)."""
+
+    def build(**kwargs):
+        return cls(*args, **fixed, **kwargs, rngs=nnx.Rngs(0))(x)
+
+    build.__name__ = f"nnx.{cls.__name__}(x)"
+    return build
+
+
+def vmapped_bn(**kwargs):
+    """batch_norm under a named vmap axis (for options that cannot be combined with ``axis_name``)."""
+    return jax.vmap(lambda xl: F.batch_norm(xl, axis_name="d", **kwargs), axis_name="d")(X2.reshape(2, 8, 4))
+
+
+def _short(value):
+    """A readable test id for an argument: arrays as ``dtype[shape]``."""
+    if hasattr(value, "shape") and hasattr(value, "dtype") and np.ndim(value) > 0:
+        return f"{jnp.dtype(value.dtype).name}{list(value.shape)}"
+    if isinstance(value, type):
+        return value.__name__
+    return repr(value)
+
+
+def case(fn, args, kwargs, name, exc=BOTH):
+    first = args[:1] if args and not hasattr(args[0], "shape") else ()
+    parts = [_short(a) for a in first + tuple(args[1:])] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
+    label = f"{getattr(fn, '__name__', fn)}({', '.join(parts)})"
+    if args and hasattr(args[0], "dtype") and not jnp.issubdtype(args[0].dtype, jnp.floating):
+        label += f"-{jnp.dtype(args[0].dtype).name}"
+    return pytest.param(fn, args, kwargs, exc, name, id=label)
+
+
+MALFORMED = [
+    # --- p: only 1, 2, "inf" (and float("inf"))
+    case(F.batch_norm, (X2,), dict(p=3), "p"),
+    case(F.batch_norm, (X2,), dict(p=0), "p"),
+    case(F.batch_norm, (X2,), dict(p=1.5), "p"),
+    case(F.batch_norm, (X2,), dict(p="two"), "p"),
+    case(F.batch_norm, (X2,), dict(p=None), "p"),
+    case(F.batch_norm, (X2,), dict(p=True), "p"),
+    case(F.batch_stats, (X2,), dict(p=-1), "p"),
+    case(F.batch_moments, (X2,), dict(p=float("-inf")), "p"),
+    case(F.layer_norm, (X2,), dict(p=3), "p"),
+    case(F.group_norm, (X4, 2), dict(p=4), "p"),
+    case(F.instance_norm, (X4,), dict(p=0.5), "p"),
+    case(linen_bn(), (), dict(p=3), "p"),
+    case(linen(jn.LayerNorm), (), dict(p="l1"), "p"),
+    case(linen(jn.GroupNorm, X4, num_groups=2), (), dict(p=3), "p"),
+    case(linen(jn.InstanceNorm, X4), (), dict(p=3), "p"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(p=3), "p"),
+    case(nnx_new(jnnx.LayerNorm, 4), (), dict(p=3), "p"),
+    case(nnx_new(jnnx.GroupNorm, 6, 2), (), dict(p=3), "p"),
+    case(nnx_new(jnnx.InstanceNorm, 6), (), dict(p=3), "p"),
+    # --- axes: out of range, None where a feature axis is required, repeated
+    case(F.batch_norm, (X2,), dict(axis=2), "axis"),
+    case(F.batch_norm, (X2,), dict(axis=None), "axis"),
+    case(F.batch_stats, (X2,), dict(axis=(1, 1)), "axis"),
+    case(F.batch_stats, (X2,), dict(axis=1.0), "axis"),
+    case(F.layer_norm, (X2,), dict(axis=-3), "axis"),
+    case(F.layer_norm, (X2,), dict(axis=None), "axis"),
+    case(F.layer_norm, (X2,), dict(axis=()), "axis"),  # an empty reduction: every element maps to 0
+    case(F.rms_norm, (X2,), dict(axis=5), "axis"),
+    case(F.rms_norm, (X2,), dict(axis=None), "axis"),
+    case(linen_bn(), (), dict(axis=3), "axis"),
+    case(linen_bn(), (), dict(axis=None), "axis"),
+    case(linen(jn.LayerNorm), (), dict(reduction_axes=4), "reduction_axes"),
+    case(linen(jn.LayerNorm), (), dict(feature_axes=4), "feature_axes"),
+    case(linen(jn.RMSNorm), (), dict(reduction_axes=4), "reduction_axes"),
+    case(linen(jn.GroupNorm, X4, num_groups=2), (), dict(reduction_axes=7), "reduction_axes"),
+    case(nnx_call(jnnx.BatchNorm, X2, 4), (), dict(axis=3), "axis"),
+    case(nnx_call(jnnx.LayerNorm, X2, 4), (), dict(reduction_axes=4), "reduction_axes"),
+    case(nnx_call(jnnx.RMSNorm, X2, 4), (), dict(reduction_axes=4), "reduction_axes"),
+    # --- num_groups / group_size
+    case(F.group_norm, (X4, 4), {}, "num_groups"),
+    case(F.group_norm, (X4, 0), {}, "num_groups"),
+    case(F.group_norm, (X4, 2.5), {}, "num_groups"),
+    case(F.group_norm, (X4, None), {}, "num_groups"),
+    case(F.group_norm, (X4, "2"), {}, "num_groups"),
+    case(linen(jn.GroupNorm, X4), (), dict(num_groups=0), "num_groups"),
+    case(nnx_new(jnnx.GroupNorm, 6), (), dict(num_groups=0), "num_groups"),
+    case(linen(jn.GroupNorm, X4), (), dict(num_groups=4), "num_groups"),
+    case(linen(jn.GroupNorm, X4), (), dict(num_groups=None, group_size=4), "group_size"),
+    case(linen(jn.GroupNorm, X4), (), dict(num_groups=None, group_size=None), "num_groups|group_size"),
+    case(linen(jn.GroupNorm, X4), (), dict(num_groups=2, group_size=3), "num_groups|group_size"),
+    case(nnx_new(jnnx.GroupNorm, 6), (), dict(num_groups=4), "num_groups"),
+    case(nnx_new(jnnx.GroupNorm, 6), (), dict(num_groups=2.5), "num_groups"),
+    case(nnx_new(jnnx.GroupNorm, 6), (), dict(num_groups=None, group_size=4), "group_size"),
+    # --- topk: a positive int, at most the reduction size, only with p="inf"
+    case(F.batch_norm, (X2,), dict(p="inf", topk=17), "topk"),
+    case(F.batch_norm, (X2,), dict(p="inf", topk=2.5), "topk"),
+    case(F.batch_norm, (X2,), dict(p="inf", topk=0), "topk"),
+    case(F.batch_stats, (X2,), dict(p="inf", topk=-3), "topk"),
+    case(F.batch_norm, (X2,), dict(p=2, topk=3), "topk"),
+    case(F.batch_norm, (X2,), dict(p="inf", topk=True), "topk"),
+    case(linen_bn(), (), dict(p="inf", topk=17), "topk"),
+    case(linen_bn(), (), dict(p="inf", topk=2.5), "topk"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(p="inf", topk=2.5), "topk"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(p="inf", topk=0), "topk"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(p=1, topk=3), "topk"),
+    case(F.expected_topk_abs_normal, (10,), dict(k=2.5), "k"),
+    case(F.expected_topk_abs_normal, (10,), dict(k=0), "k"),
+    case(F.expected_topk_abs_normal, (10,), dict(k=-1), "k"),
+    # --- calibration
+    case(F.batch_norm, (X2,), dict(p=2, calibration="exact"), "calibration"),
+    case(F.batch_norm, (X2,), dict(p="inf", calibration="unbiased"), "calibration"),
+    case(linen_bn(), (), dict(p="inf", calibration="bogus"), "calibration"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(p="inf", calibration="bogus"), "calibration"),
+    # --- epsilon: a finite number >= 0
+    case(F.batch_norm, (X2,), dict(epsilon=-1e-5), "epsilon"),
+    case(F.batch_norm, (X2,), dict(p=1, epsilon=NAN), "epsilon"),
+    case(F.batch_norm, (X2,), dict(epsilon="1e-5"), "epsilon"),
+    case(F.layer_norm, (X2,), dict(epsilon=-1.0), "epsilon"),
+    case(F.group_norm, (X4, 2), dict(epsilon=-1.0), "epsilon"),
+    case(F.instance_norm, (X4,), dict(epsilon=NAN), "epsilon"),
+    case(F.rms_norm, (X2,), dict(epsilon=-1.0), "epsilon"),
+    case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(epsilon=-1.0), "epsilon"),
+    case(F.unit_norm, (V2,), dict(epsilon=-1.0), "epsilon"),
+    case(F.project_to_norm, (V2, 1.0), dict(epsilon=-1.0), "epsilon"),
+    case(F.weight_norm, (V2, 1.0), dict(epsilon=-1.0), "epsilon"),
+    case(F.weight_norm, (V2, 1.0), dict(epsilon=NAN), "epsilon"),
+    case(F.scaled_weight_norm, (V2, 1.0), dict(epsilon=-1.0), "epsilon"),
+    case(F.bounded_weight_norm, (V2, 1.0), dict(epsilon=-1.0), "epsilon"),
+    case(F.weight_standardization, (W4,), dict(epsilon=-1.0), "epsilon"),
+    case(F.weight_norm_data_init, (X2,), dict(epsilon=-1.0), "epsilon"),
+    case(linen_bn(), (), dict(epsilon=-1.0), "epsilon"),
+    case(linen(jn.LayerNorm), (), dict(epsilon=NAN), "epsilon"),
+    case(linen(jn.RMSNorm), (), dict(epsilon=-1.0), "epsilon"),
+    case(linen(jn.InstanceNorm, X4), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.LayerNorm, 4), (), dict(epsilon=NAN), "epsilon"),
+    case(nnx_new(jnnx.GroupNorm, 6, 2), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.RMSNorm, 4), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.InstanceNorm, 6), (), dict(epsilon=-1.0), "epsilon"),
+    case(linen(jn.WeightNormDense, X2, features=3), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.WeightNormDense, 4, 3), (), dict(epsilon=-1.0), "epsilon"),
+    case(linen(jn.WSConv, X4, features=3, kernel_size=(3, 3)), (), dict(epsilon=-1.0), "epsilon"),
+    case(nnx_new(jnnx.WSConv, 6, 3, (3, 3)), (), dict(epsilon=-1.0), "epsilon"),
+    # --- momentum in [0, 1]
+    case(linen_bn(), (), dict(momentum=1.5), "momentum"),
+    case(linen_bn(), (), dict(momentum=-0.1), "momentum"),
+    case(linen_bn(), (), dict(momentum=NAN), "momentum"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(momentum=1.5), "momentum"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(momentum=-0.1), "momentum"),
+    # --- boolean flags
+    case(F.batch_norm, (X2,), dict(mean_only="no"), "mean_only"),
+    case(F.batch_moments, (X2,), dict(mean_only=1), "mean_only"),
+    case(F.batch_norm, (X2,), dict(use_fast_variance="no"), "use_fast_variance"),
+    case(F.batch_moments, (X2,), dict(keepdims="yes"), "keepdims"),
+    case(F.layer_norm, (X2,), dict(use_fast_variance="no"), "use_fast_variance"),
+    case(linen_bn(), (), dict(mean_only="no"), "mean_only"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(mean_only="no"), "mean_only"),
+    # --- ghost batches
+    case(F.batch_norm, (X2,), dict(virtual_batch_size=3), "virtual_batch_size"),
+    case(F.batch_norm, (X2,), dict(virtual_batch_size=0), "virtual_batch_size"),
+    case(F.batch_norm, (X2,), dict(virtual_batch_size=2.5), "virtual_batch_size"),
+    case(F.batch_norm, (X2,), dict(virtual_batch_size=4, axis=(0, 1)), "virtual_batch_size|axis"),
+    case(vmapped_bn, (), dict(virtual_batch_size=4), "virtual_batch_size|axis_name"),
+    case(linen_bn(), (), dict(virtual_batch_size=3), "virtual_batch_size"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(virtual_batch_size=0), "virtual_batch_size"),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(virtual_batch_size=2.5), "virtual_batch_size"),
+    # --- dtypes
+    case(F.batch_norm, (XI,), {}, "x", TypeError),
+    case(F.batch_stats, (XI,), dict(p=1), "x", TypeError),
+    case(F.layer_norm, (XI,), {}, "x", TypeError),
+    case(F.rms_norm, (XI,), {}, "x", TypeError),
+    case(F.group_norm, (XI.reshape(4, 4, 4), 2), {}, "x", TypeError),
+    case(F.unit_norm, (VI,), {}, "w", TypeError),
+    case(F.weight_norm, (VI, 1.0), {}, "v", TypeError),
+    case(F.weight_standardization, (VI,), {}, "w", TypeError),
+    case(F.weight_norm_data_init, (XI,), {}, "pre_activations", TypeError),
+    case(F.normprop_relu, (XI,), {}, "u", TypeError),
+    # --- an axis_name that no enclosing pmap / shard_map / vmap binds
+    case(F.batch_norm, (X2,), dict(axis_name="batch"), "axis_name", (ValueError, TypeError, NameError)),
+    case(F.layer_norm, (X2,), dict(axis_name="model"), "axis_name", (ValueError, TypeError, NameError)),
+    # --- masks
+    case(F.batch_norm, (X2,), dict(mask=BAD_MASK), "mask"),
+    case(F.batch_norm, (X2,), dict(mask=jnp.ones((16, 4), jnp.float32)), "mask"),
+    case(F.layer_norm, (X2,), dict(mask=BAD_MASK), "mask"),
+    case(F.group_norm, (X4, 2), dict(mask=jnp.ones((4, 5, 5, 4), bool)), "mask"),
+    case(F.instance_norm, (X4,), dict(mask=jnp.ones((3, 5, 5, 6), bool)), "mask"),
+    case(F.rms_norm, (X2,), dict(mask=BAD_MASK), "mask"),
+    case(linen_bn(call=dict(mask=BAD_MASK)), (), {}, "mask"),
+    case(linen(jn.LayerNorm, call=dict(mask=BAD_MASK)), (), {}, "mask"),
+    # --- shapes of scale / bias / g / rho / gain
+    case(F.rms_norm, (X2,), dict(scale=jnp.ones(3)), "scale"),
+    case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(scale=jnp.ones(3)), "scale"),
+    case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(bias=jnp.ones((2, 4))), "bias"),
+    case(F.normalize, (X2, jnp.zeros(3), X2.var(0)), {}, "mean"),
+    case(F.normalize, (X2, X2.mean(0), jnp.ones(3)), {}, "var"),
+    case(F.normalize, (X2, X2.mean(0), X2.var(0)), dict(dtype=jnp.int32), "dtype"),
+    case(F.weight_norm, (V2, jnp.ones(3)), {}, "g"),
+    case(F.scaled_weight_norm, (V2, jnp.ones(5)), {}, "g"),
+    case(F.bounded_weight_norm, (V2, jnp.ones(3)), {}, "rho"),
+    case(F.project_to_norm, (V2, jnp.ones(3)), {}, "rho"),
+    case(F.weight_standardization, (W4,), dict(gain=jnp.ones(3)), "gain"),
+    # --- gain / rho values
+    case(F.scaled_weight_norm, (V2, 1.0), dict(gain=0.0), "gain"),
+    case(F.scaled_weight_norm, (V2, 1.0), dict(gain=-2.0), "gain"),
+    case(F.scaled_weight_norm, (V2, 1.0), dict(gain=NAN), "gain"),
+    case(F.scaled_weight_norm, (V2, 1.0), dict(gain="2"), "gain"),
+    case(F.bounded_weight_norm, (V2, 0.0), {}, "rho"),
+    case(F.project_to_norm, (V2, NAN), {}, "rho"),
+    case(F.bounded_weight_norm, (V2, -1.0), {}, "rho"),
+    case(F.project_to_norm, (V2, -1.0), {}, "rho"),
+    case(linen(jn.ScaledWeightNormDense, X2, features=3), (), dict(gain=0.0), "gain"),
+    case(linen(jn.ScaledWeightNormDense, X2, features=3), (), dict(gain=-2.0), "gain"),
+    case(nnx_new(jnnx.ScaledWeightNormDense, 4, 3), (), dict(gain=-2.0), "gain"),
+    case(linen(jn.WeightNormDense, X2, features=3), (), dict(g_init="bogus"), "g_init"),
+    case(nnx_new(jnnx.WeightNormDense, 4, 3), (), dict(g_init="bogus"), "g_init"),
+    # --- inputs of the wrong rank
+    case(F.instance_norm, (X2,), {}, "x|input"),
+    case(F.group_norm, (jnp.ones(6), 2), {}, "x|input"),
+    case(F.weight_standardization, (jnp.ones(4),), {}, "w"),
+    case(F.unit_norm, (jnp.ones(4),), {}, "w"),
+    case(F.weight_norm, (jnp.ones(4), 1.0), {}, "v"),
+    case(F.fans, ((5,),), {}, "shape"),
+    case(F.linf_constant, ("a",), {}, "n"),
+    case(F.scaled_weight_norm, (jnp.ones((3, 0)), 1.0), {}, "v|shape"),  # a kernel without units
+    case(F.batch_norm, (jnp.ones((1, 4)),), {}, "batch|x"),
+]
+
+_ARG = r"(?<![A-Za-z0-9_])({})(?![A-Za-z0-9_])"
+
+
+def _name_pattern(name):
+    """The argument's name as a word (``p`` must not match inside ``dtype``, ``shape`` or ``mean_only``)."""
+    return _ARG.format(name)
+
+
+@pytest.mark.parametrize(("fn", "args", "kwargs", "exc", "name"), MALFORMED)
+def test_malformed_argument_raises_naming_it(fn, args, kwargs, exc, name):
+    """The call raises ``ValueError``/``TypeError`` up front, naming the argument; linen modules at ``init``,
+    NNX modules in their constructor (only shape-dependent errors wait for the first call)."""
+    with pytest.raises(exc, match=_name_pattern(name)):
+        jax.block_until_ready(fn(*args, **kwargs))
+
+
+def test_malformed_table_covers_every_public_callable():
+    """Every public function of the core and every normalization module (linen and NNX) has rows."""
+    covered = {getattr(row.values[0], "__name__", "") for row in MALFORMED}
+    functions = {n for n in F.__all__ if callable(getattr(F, n))} - {"linf_constant"}
+    missing = {n for n in functions if n not in covered}
+    modules = {f"nn.{n}.init" for n in ("BatchNorm", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm")}
+    modules |= {f"nnx.{n}" for n in ("BatchNorm", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm")}
+    missing |= modules - covered
+    assert not missing, sorted(missing)
+    assert len(MALFORMED) >= 60
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Well-formed spellings that must be accepted, with the canonical result
+
+
+ACCEPTED = [
+    # (call, canonical call): both must run; results equal
+    ("p=np.int64(2)", lambda: F.batch_norm(X2, p=np.int64(2)), lambda: F.batch_norm(X2, p=2)),
+    ("p=np.int64(1)", lambda: F.batch_norm(X2, p=np.int64(1)), lambda: F.batch_norm(X2, p=1)),
+    ("p=np.float64(1)", lambda: F.layer_norm(X2, p=np.float64(1.0)), lambda: F.layer_norm(X2, p=1)),
+    ("p=float(inf)", lambda: F.batch_norm(X2, p=float("inf")), lambda: F.batch_norm(X2, p="inf")),
+    ("p=jnp.inf", lambda: F.group_norm(X4, 2, p=jnp.inf), lambda: F.group_norm(X4, 2, p="inf")),
+    ("topk=np.int64(3)", lambda: F.batch_norm(X2, p="inf", topk=np.int64(3)),
+     lambda: F.batch_norm(X2, p="inf", topk=3)),
+    ("topk=n", lambda: F.batch_norm(X2, p="inf", topk=16), lambda: F.batch_norm(X2, p="inf", topk=16)),
+    ("num_groups=np.int64(3)", lambda: F.group_norm(X4, np.int64(3)), lambda: F.group_norm(X4, 3)),
+    ("virtual_batch_size=np.int64(4)", lambda: F.batch_norm(X2, virtual_batch_size=np.int64(4)),
+     lambda: F.batch_norm(X2, virtual_batch_size=4)),
+    ("axis=np.int64(-1)", lambda: F.batch_norm(X2, axis=np.int64(-1)), lambda: F.batch_norm(X2, axis=-1)),
+    ("axis=np.int64 tuple", lambda: F.layer_norm(X4, axis=(np.int64(1), np.int64(2))),
+     lambda: F.layer_norm(X4, axis=(1, 2))),
+    ("k=np.int64(2)", lambda: F.expected_topk_abs_normal(10, k=np.int64(2)),
+     lambda: F.expected_topk_abs_normal(10, k=2)),
+    ("epsilon=0 unit_norm", lambda: F.unit_norm(V2, epsilon=0.0), lambda: F.unit_norm(V2)),
+    ("epsilon=0 batch_norm", lambda: F.batch_norm(X2, epsilon=0),
+     lambda: (X2 - X2.mean(0)) / X2.std(0)),
+    ("epsilon=np.float32", lambda: F.layer_norm(X2, epsilon=np.float32(1e-5)), lambda: F.layer_norm(X2)),
+    ("mean_only=np.bool_", lambda: F.batch_norm(X2, mean_only=np.bool_(True)),
+     lambda: F.batch_norm(X2, mean_only=True)),
+    ("gain=np.float64", lambda: F.scaled_weight_norm(V2, 1.0, gain=np.float64(2.0)),
+     lambda: F.scaled_weight_norm(V2, 1.0, gain=2.0)),
+    ("gain=1/N", lambda: F.scaled_weight_norm(V2, 1.0, gain=1 / 3),
+     lambda: F.scaled_weight_norm(V2, 1.0, gain=0.3333333333333333)),
+    ("rho per unit", lambda: F.bounded_weight_norm(V2, jnp.full(4, 2.0)),
+     lambda: F.bounded_weight_norm(V2, 2.0)),
+    ("nn momentum=1", lambda: jn.BatchNorm(use_running_average=False, momentum=1.0).init(KEY, X2),
+     lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2)),
+    ("nn momentum=0", lambda: jn.BatchNorm(use_running_average=False, momentum=0.0).init(KEY, X2),
+     lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2)),
+    ("nn p=np.int64(1)", lambda: jn.BatchNorm(use_running_average=False, p=np.int64(1)).init(KEY, X2),
+     lambda: jn.BatchNorm(use_running_average=False, p=1).init(KEY, X2)),
+    ("nn num_groups=np.int64(2)", lambda: jn.GroupNorm(num_groups=np.int64(2)).init(KEY, X4),
+     lambda: jn.GroupNorm(num_groups=2).init(KEY, X4)),
+    ("nnx num_groups=np.int64(2)", lambda: jnnx.GroupNorm(6, np.int64(2), rngs=nnx.Rngs(0))(X4),
+     lambda: jnnx.GroupNorm(6, 2, rngs=nnx.Rngs(0))(X4)),
+    ("nnx topk=np.int64(3)",
+     lambda: jnnx.BatchNorm(4, p="inf", topk=np.int64(3), rngs=nnx.Rngs(0))(X2),
+     lambda: jnnx.BatchNorm(4, p="inf", topk=3, rngs=nnx.Rngs(0))(X2)),
+]
+
+
+@pytest.mark.parametrize(("label", "call", "canonical"), ACCEPTED, ids=[a[0] for a in ACCEPTED])
+def test_wellformed_spelling_is_accepted(label, call, canonical):
+    got, want = call(), canonical()
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Flax parity: InstanceNorm's batch-axis error, complex BatchNorm
+
+
+def _flax_instance_norm_error():
+    with pytest.raises(ValueError) as info:
+        fnn.InstanceNorm(feature_axes=(0, -1)).init(KEY, X3)
+    return str(info.value)
+
+
+FLAX_INSTANCE_MESSAGE = "channel axes cannot include the leading dimension"
+
+
+def test_flax_instance_norm_message_is_what_we_match():
+    """Guard: the message matched below is flax's (if flax rewords it, update FLAX_INSTANCE_MESSAGE)."""
+    assert FLAX_INSTANCE_MESSAGE in _flax_instance_norm_error()
+
+
+@pytest.mark.parametrize("feature_axes", [0, (0, -1), (0,)])
+def test_linen_instance_norm_rejects_batch_axis_like_flax(feature_axes):
+    with pytest.raises(ValueError, match=re.escape(FLAX_INSTANCE_MESSAGE)):
+        jn.InstanceNorm(feature_axes=feature_axes).init(KEY, X3)
+
+
+def test_linen_instance_norm_rejects_negative_batch_axis_like_flax():
+    """``-3`` on a rank-3 input is the batch axis."""
+    with pytest.raises(ValueError, match=re.escape(FLAX_INSTANCE_MESSAGE)):
+        jn.InstanceNorm(feature_axes=(-3, -1)).init(KEY, X3)
+
+
+@pytest.mark.parametrize("feature_axes", [0, (0, -1)])
+def test_nnx_instance_norm_rejects_batch_axis_in_constructor(feature_axes):
+    """A non-negative 0 is the batch axis whatever the input: the constructor can tell (flax.nnx only
+    raises at the first call; the error is the same)."""
+    with pytest.raises(ValueError, match=re.escape(FLAX_INSTANCE_MESSAGE)):
+        jnnx.InstanceNorm(6, feature_axes=feature_axes, rngs=nnx.Rngs(0))
+
+
+def test_nnx_instance_norm_rejects_negative_batch_axis_at_call():
+    with pytest.raises(ValueError, match=re.escape(FLAX_INSTANCE_MESSAGE)):
+        jnnx.InstanceNorm(4, feature_axes=(-3, -1), rngs=nnx.Rngs(0))(X3)
+
+
+def _complex_input():
+    rng = np.random.default_rng(3)
+    return jnp.asarray(rng.normal(size=(16, 4)) + 1j * rng.normal(1.0, 2.0, size=(16, 4)), jnp.complex64)
+
+
+def test_linen_batch_norm_complex_input_like_flax():
+    """flax.linen.BatchNorm accepts complex input (complex mean, real variance E|x - mu|^2): so does ours,
+    with the same output, running statistics and evaluation output."""
+    xc = _complex_input()
+    ours, theirs = jn.BatchNorm(use_running_average=False), fnn.BatchNorm(use_running_average=False)
+    v_ours, v_theirs = ours.init(KEY, xc), theirs.init(KEY, xc)
+    def kinds(tree):
+        return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+
+    assert kinds(v_ours) == kinds(v_theirs)
+    y_ours, s_ours = ours.apply(v_ours, xc, mutable=["batch_stats"])
+    y_theirs, s_theirs = theirs.apply(v_theirs, xc, mutable=["batch_stats"])
+    assert y_ours.dtype == y_theirs.dtype
+    np.testing.assert_allclose(y_ours, y_theirs, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(s_ours), jax.tree.leaves(s_theirs), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    e_ours = jn.BatchNorm(use_running_average=True).apply({**v_ours, **s_ours}, xc)
+    e_theirs = fnn.BatchNorm(use_running_average=True).apply({**v_theirs, **s_theirs}, xc)
+    np.testing.assert_allclose(e_ours, e_theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_nnx_batch_norm_complex_input_like_flax():
+    xc = _complex_input()
+    ours = jnnx.BatchNorm(4, rngs=nnx.Rngs(0))
+    theirs = nnx.BatchNorm(4, rngs=nnx.Rngs(0))
+    y_ours, y_theirs = ours(xc), theirs(xc)
+    assert y_ours.dtype == y_theirs.dtype
+    np.testing.assert_allclose(y_ours, y_theirs, rtol=1e-5, atol=1e-5)
+    for name in ("mean", "var"):
+        a, b = getattr(ours, name)[...], getattr(theirs, name)[...]
+        assert a.dtype == b.dtype, name
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_complex_batch_norm_p1_is_refused_by_name_or_defined():
+    """p != 2 has no complex definition in Norm matters: either a named error or finite output, never NaN."""
+    xc = _complex_input()
+    try:
+        y = jn.BatchNorm(use_running_average=False, p=1).init_with_output(KEY, xc)[0]
+    except (ValueError, TypeError) as error:
+        assert re.search(_name_pattern("p|x"), str(error)), str(error)
+    else:
+        assert bool(jnp.all(jnp.isfinite(y))), "complex L1 batch norm gave non-finite output"
+
+
+def test_issue_examples_are_in_the_table():
+    """The examples quoted in issue 14 are rows of MALFORMED."""
+    ids = " ".join(row.id for row in MALFORMED)
+    for example in ("momentum=1.5", "epsilon=-1.0", "mean_only='no'", "gain=0.0", "gain=-2.0",
+                    "k=2.5", "axis=None", "scale=float32[3]"):
+        assert example in ids, example
+    assert math.isfinite(float(F.expected_topk_abs_normal(10, k=2)))

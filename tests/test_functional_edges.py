@@ -1,0 +1,138 @@
+"""Activation normalizations at their edges: constant groups give exactly 0, empty masks are defined,
+running statistics skip empty channels, malformed options are refused by name (issue 14)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxnorm.functional as F
+import jaxnorm.nn as jn
+import jaxnorm.nnx as jnnx
+
+KEY = jax.random.key(0)
+P_VALUES = [2, 1, "inf"]
+CONSTANTS = [12345.678, 1.2345678e6, -3.3, 0.1]
+
+NORMS = {
+    "batch": lambda x, p, **kw: F.batch_norm(x, p=p, **kw),
+    "batch topk": lambda x, p, **kw: F.batch_norm(x, p="inf", topk=3, **kw),
+    "ghost batch": lambda x, p, **kw: F.batch_norm(x, p=p, virtual_batch_size=4, **kw),
+    "layer": lambda x, p, **kw: F.layer_norm(x, p=p, **kw),
+    "layer all axes": lambda x, p, **kw: F.layer_norm(x, p=p, axis=(1, 2, 3), **kw),
+    "group": lambda x, p, **kw: F.group_norm(x, 2, p=p, **kw),
+    "instance": lambda x, p, **kw: F.instance_norm(x, p=p, **kw),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("value", CONSTANTS)
+@pytest.mark.parametrize("p", P_VALUES)
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_constant_input_normalizes_to_exactly_zero(name, p, value, dtype):
+    x = jnp.full((8, 3, 3, 4), value, jnp.float32).astype(dtype)
+    y = NORMS[name](x, p)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), 0.0)
+
+
+def test_issue_examples_are_zero():
+    np.testing.assert_array_equal(F.batch_norm(jnp.full((64, 4), 12345.678), p=1), 0.0)
+    np.testing.assert_array_equal(F.layer_norm(jnp.full((2, 16), 1.2345678e6)), 0.0)
+
+
+def test_constant_channel_among_others_is_zero_and_gradient_finite():
+    x = jax.random.normal(jax.random.key(0), (32, 4)).at[:, 2].set(12345.678)
+    for p in P_VALUES:
+        y, vjp = jax.vjp(lambda x, p=p: F.batch_norm(x, p=p), x)
+        np.testing.assert_array_equal(y[:, 2], 0.0)
+        assert bool(jnp.all(jnp.isfinite(vjp(jnp.cos(y))[0])))
+
+
+@pytest.mark.parametrize("p", P_VALUES)
+def test_empty_mask_channel_is_not_amplified(p):
+    x = jax.random.normal(jax.random.key(1), (16, 4)) * 3.0 + 1.0
+    mask = jnp.ones((16, 4), bool).at[:, 1].set(False)
+    y, vjp = jax.vjp(lambda x: F.batch_norm(x, p=p, mask=mask), x)
+    np.testing.assert_allclose(y[:, 1], x[:, 1] / np.sqrt(1 + 1e-5), rtol=1e-6)  # mean 0, variance 1
+    assert bool(jnp.all(jnp.isfinite(vjp(jnp.ones_like(y))[0])))
+    mean, sigma = F.batch_stats(x, p=p, mask=mask)
+    assert float(mean[1]) == 0.0 and float(sigma[1]) == 1.0
+
+
+def test_empty_mask_row_of_layer_and_rms_norm():
+    x = jax.random.normal(jax.random.key(2), (3, 8)) * 4.0
+    mask = jnp.ones((3, 8), bool).at[1].set(False)
+    for y in (F.layer_norm(x, mask=mask), F.layer_norm(x, p=1, mask=mask), F.rms_norm(x, mask=mask)):
+        assert bool(jnp.all(jnp.isfinite(y)))
+        assert float(jnp.max(jnp.abs(y[1]))) <= float(jnp.max(jnp.abs(x[1])))
+
+
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+@pytest.mark.parametrize("p", P_VALUES)
+def test_running_statistics_of_an_empty_channel_are_unchanged(framework, p):
+    x = jax.random.normal(jax.random.key(3), (16, 4)) * 2.0 + 1.0
+    mask = jnp.ones((16, 4), bool).at[:, 3].set(False)
+    if framework == "linen":
+        module = jn.BatchNorm(use_running_average=False, p=p)
+        variables = module.init(jax.random.key(0), x)
+        _, updated = module.apply(variables, x, mask=mask, mutable=["batch_stats"])
+        mean, var = updated["batch_stats"]["mean"], updated["batch_stats"]["var"]
+    else:
+        module = jnnx.BatchNorm(4, p=p, rngs=nnx.Rngs(0))
+        module(x, mask=mask)
+        mean, var = module.mean[...], module.var[...]
+    assert float(mean[3]) == 0.0 and float(var[3]) == 1.0
+    assert bool(jnp.all(mean[:3] != 0.0))
+
+
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+def test_running_statistics_are_averaged_in_float32_for_bfloat16(framework):
+    """A running mean near 100 moving by ~0.01 per step: bfloat16 (8 bits) cannot represent the steps."""
+    x32 = (jax.random.normal(jax.random.key(4), (64, 4)) + 100.0).astype(jnp.bfloat16).astype(jnp.float32)
+    results = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = x32.astype(dtype)
+        if framework == "linen":
+            module = jn.BatchNorm(use_running_average=False, momentum=0.9, dtype=dtype, param_dtype=dtype)
+            variables = module.init(jax.random.key(0), x)
+            stats = {"batch_stats": {"mean": jnp.full(4, 99.0), "var": jnp.ones(4)}}
+            _, updated = module.apply({**variables, **stats}, x, mutable=["batch_stats"])
+            results.append(updated["batch_stats"]["mean"])
+        else:
+            module = jnnx.BatchNorm(4, momentum=0.9, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))
+            module.mean[...] = jnp.full(4, 99.0)
+            module(x)
+            results.append(module.mean[...])
+    assert results[1].dtype == jnp.float32
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda: jn.BatchNorm(use_running_average=False, momentum=1.5).init(KEY, jnp.ones((4, 2))),
+         "momentum"),
+        (lambda: jnnx.BatchNorm(2, momentum=-0.1, rngs=nnx.Rngs(0)), "momentum"),
+        (lambda: F.batch_norm(jnp.ones((4, 2)), epsilon=-1e-5), "epsilon"),
+        (lambda: F.batch_norm(jnp.ones((4, 2)), mean_only="no"), "mean_only"),
+        (lambda: F.layer_norm(jnp.ones((4, 2)), axis=None), "axis"),
+        (lambda: F.rms_norm(jnp.ones((4, 2)), scale=jnp.ones(3)), "scale"),
+        (lambda: F.expected_topk_abs_normal(10, k=2.5), "k"),
+        (lambda: F.batch_norm(jnp.ones((4, 2)), axis_name="batch"), "axis_name"),
+        (lambda: jnnx.LayerNorm(2, epsilon=float("nan"), rngs=nnx.Rngs(0)), "epsilon"),
+    ],
+)
+def test_malformed_options_are_refused_by_name(call, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        call()
+
+
+def test_numpy_integers_are_accepted():
+    x = jax.random.normal(jax.random.key(5), (8, 3, 3, 4))
+    np.testing.assert_array_equal(F.group_norm(x, np.int64(2)), F.group_norm(x, 2))
+    axes = (np.int64(1), np.int64(2))
+    np.testing.assert_array_equal(F.layer_norm(x, axis=axes), F.layer_norm(x, axis=(1, 2)))
+    np.testing.assert_array_equal(
+        F.batch_norm(x, p="inf", topk=np.int64(3)), F.batch_norm(x, p="inf", topk=3)
+    )
