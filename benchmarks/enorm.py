@@ -29,7 +29,7 @@ from _timing import machine_lines
 
 import jaxnorm.models
 from jaxnorm.enorm import discover, enorm_balance, objective
-from jaxnorm.enorm.balance import _apply, _flatten, _junction_scale, _plan
+from jaxnorm.enorm.balance import apply_scale, flatten_params, junction_scale, plan_spec
 from jaxnorm.optim import enorm
 
 
@@ -83,8 +83,8 @@ def cycles_to_tolerance(params, spec, tol: float, max_cycles: int):
     with jax.enable_x64(True):
         params = jax.tree.map(lambda v: jnp.asarray(np.asarray(v, np.float64)), params)
         minimum = float(objective(enorm_balance(params, spec, cycles=4 * max_cycles), spec))
-        plans = _plan(params, spec, "benchmark")
-        leaves, treedef, _ = _flatten(params)
+        plans = plan_spec(params, spec, "benchmark")
+        leaves, treedef, _ = flatten_params(params)
 
         @jax.jit
         def official_cycle(leaves):
@@ -93,9 +93,9 @@ def cycles_to_tolerance(params, spec, tol: float, max_cycles: int):
                 mixed = list(current)
                 for s in plan.producers:
                     mixed[s.leaf] = stale[s.leaf]
-                d = _junction_scale(mixed, plan, 2.0, 1.0, False)
+                d = junction_scale(mixed, plan, 2.0, 1.0, False)
                 stale = list(current)
-                _apply(current, plan, d)
+                apply_scale(current, plan, d)
             return tuple(current)
 
         ours_step = jax.jit(lambda p: enorm_balance(p, spec, cycles=1))

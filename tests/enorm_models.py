@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -175,3 +176,107 @@ def init(model: nn.Module, shape: Sequence[int], seed: int = 0, dtype: Dtype = j
         variables["params"],
     )
     return variables, x
+
+
+# ---------------------------------------------------------------------------------------------
+# NNX twins (flax.nnx) and linen models the bare call must not silently change.
+
+
+class GeluMLP(nn.Module):
+    """Dense -> GELU -> Dense -> tanh -> Dense: no rescaling symmetry at all."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.gelu(nn.Dense(6)(x))
+        x = jnp.tanh(nn.Dense(6)(x))
+        return nn.Dense(3)(x)
+
+
+class SetupMLP(nn.Module):
+    """ReLU layers defined in ``setup()`` whose name order (a, b) is not their call order (b, a)."""
+
+    def setup(self):
+        self.a = nn.Dense(5)
+        self.b = nn.Dense(5)
+        self.head = nn.Dense(5)
+
+    def __call__(self, x):
+        return self.head(nn.relu(self.a(nn.relu(self.b(x)))))
+
+
+def nnx_models():
+    """``{name: (model, x)}`` of small NNX networks (MLP, CNN, residual block, CNN with BN)."""
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs, widths=(4, 6, 5, 3)):
+            self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs)
+                                    for a, b in itertools.pairwise(widths)])
+
+        def __call__(self, x):
+            for layer in self.layers[:-1]:
+                x = nnx.relu(layer(x))
+            return self.layers[-1](x)
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(2, 4, (3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(4, 5, (3, 3), strides=(2, 2), rngs=rngs)
+            self.linear1 = nnx.Linear(5 * 3 * 3, 6, rngs=rngs)
+            self.linear2 = nnx.Linear(6, 3, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
+            x = nnx.relu(self.conv2(x))
+            x = nnx.relu(self.linear1(x.reshape((x.shape[0], -1))))
+            return self.linear2(x)
+
+    class Residual(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Conv(3, 4, (3, 3), rngs=rngs)
+            self.conv1 = nnx.Conv(4, 4, (3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(4, 4, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(4, 3, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.relu(self.stem(x))
+            x = nnx.relu(x + self.conv2(nnx.relu(self.conv1(x))))
+            return self.head(x.mean(axis=(1, 2)))
+
+    class BNCNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(3, 4, (3, 3), use_bias=False, rngs=rngs)
+            self.bn1 = nnx.BatchNorm(4, rngs=rngs)
+            self.conv2 = nnx.Conv(4, 5, (3, 3), use_bias=False, rngs=rngs)
+            self.bn2 = nnx.BatchNorm(5, rngs=rngs)
+            self.head = nnx.Linear(5, 3, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.relu(self.bn1(self.conv1(x)))
+            x = nnx.relu(self.bn2(self.conv2(x)))
+            return self.head(x.mean(axis=(1, 2)))
+
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    out = {"mlp": (MLP(nnx.Rngs(0)), normal(4, 4)), "cnn": (CNN(nnx.Rngs(1)), normal(2, 12, 12, 2)),
+           "residual": (Residual(nnx.Rngs(2)), normal(2, 6, 6, 3)),
+           "bn_cnn": (BNCNN(nnx.Rngs(3)), normal(4, 6, 6, 3))}
+    for model, _ in out.values():  # biases away from zero, so that they matter
+        for _path, var in nnx.iter_graph(model):
+            if isinstance(var, nnx.Param) and var[...].ndim == 1:
+                var[...] = var[...] + 0.1 * normal(*var[...].shape)
+    return out
+
+
+def nnx_apply(model):
+    """``(apply, params, rest)``: a pure ``apply(params, x)`` of an NNX model (eval mode) and its
+    ``nnx.Param`` state and other state, via ``nnx.split`` / ``nnx.merge``."""
+    from flax import nnx
+
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def apply(p, x):
+        return nnx.merge(graphdef, p, rest)(x)
+
+    return apply, params, rest

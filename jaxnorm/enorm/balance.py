@@ -26,46 +26,95 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxnorm.enorm.spec import Junction, chain, entry_index, get_leaf, unwrap_variables
+from jaxnorm.enorm.trees import is_nnx_state, is_variables, split_params
 
-__all__ = ["enorm_balance", "multipliers", "objective"]
+__all__ = [
+    "Plan", "Slice", "apply_scale", "check_c", "check_cycles", "check_p", "compute_dtype",
+    "enorm_balance", "flatten_params", "junction_scale", "multipliers", "objective", "plan_spec",
+]
 
 PyTree = Any
 
 
-class _Slice(NamedTuple):
+class Slice(NamedTuple):
     leaf: int  # index into the flat leaves
     axis: int
     index: np.ndarray | None  # None: unit i at position i along axis
     bias: bool
 
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
     units: int
-    producers: tuple[_Slice, ...]
-    consumers: tuple[_Slice, ...]
+    producers: tuple[Slice, ...]
+    consumers: tuple[Slice, ...]
 
 
 # ----------------------------------------------------------------------------------------------
 # Validation and planning (static, Python).
 
 
-def _check_p(p: Any, what: str) -> float:
+def check_p(p: Any, what: str) -> float:
+    """``p`` as a float (``math.inf`` for ``"inf"``); ``ValueError`` naming ``p`` otherwise.
+
+    Accepted: a finite Python / NumPy number > 0, ``"inf"`` (any case) or ``math.inf``. Not a bool,
+    not a (traced) array: ``p`` selects the computation, it must be static.
+    """
     if isinstance(p, str):
-        if p.lower() != "inf":
+        if p.strip().lower() not in ("inf", "infinity"):
             raise ValueError(f"{what}: p must be a positive number or 'inf', got {p!r}")
         return math.inf
-    if isinstance(p, bool) or not isinstance(p, int | float | np.number):
-        raise ValueError(f"{what}: p must be a positive number or 'inf', got {p!r}")
-    if not p > 0:
+    if isinstance(p, bool) or not isinstance(p, int | float | np.integer | np.floating):
+        raise ValueError(
+            f"{what}: p must be a static positive number or 'inf', got {type(p).__name__} {p!r}")
+    if math.isnan(p) or not p > 0:
         raise ValueError(f"{what}: p must be > 0, got {p!r}")
     return float(p)
 
 
-def _check_c(c: Any, what: str) -> None:
-    if isinstance(c, int | float | np.number) and not c > 0:
-        raise ValueError(f"{what}: c must be > 0, got {c!r}")
+def check_c(c: Any, what: str) -> None:
+    """``c`` must be a real scalar > 0 and finite; checked whenever its value is known (Python
+    and NumPy numbers, concrete JAX arrays). A traced ``c`` cannot be checked: a traced c <= 0
+    turns the balanced params into NaN (never a silent no-op)."""
+    if isinstance(c, bool):
+        raise ValueError(f"{what}: c must be a number > 0, got {c!r}")
+    if isinstance(c, jax.core.Tracer):
+        if np.ndim(c) != 0:
+            raise ValueError(f"{what}: c must be a scalar, got shape {np.shape(c)}")
+        return
+    try:
+        value = np.asarray(c)
+    except Exception:
+        raise ValueError(f"{what}: c must be a number > 0, got {type(c).__name__}") from None
+    if value.ndim != 0 or not (np.issubdtype(value.dtype, np.floating)
+                               or np.issubdtype(value.dtype, np.integer)):
+        raise ValueError(f"{what}: c must be a real scalar > 0, got {c!r}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{what}: c must be > 0 and finite, got {c!r}")
+
+
+def check_cycles(cycles: Any, what: str) -> None:
+    """``cycles``: a Python / NumPy integer >= 0, or an integer-dtype scalar JAX array (may be
+    traced; a traced negative value runs no cycle, as ``lax.fori_loop`` does)."""
+    if isinstance(cycles, bool):
+        raise ValueError(f"{what}: cycles must be an integer >= 0, got {cycles!r}")
+    if isinstance(cycles, int | np.integer):
+        if cycles < 0:
+            raise ValueError(f"{what}: cycles must be >= 0, got {cycles}")
+        return
+    if isinstance(cycles, jax.Array | np.ndarray) and np.ndim(cycles) == 0 and np.issubdtype(
+            cycles.dtype, np.integer):
+        if not isinstance(cycles, jax.core.Tracer) and int(cycles) < 0:
+            raise ValueError(f"{what}: cycles must be >= 0, got {int(cycles)}")
+        return
+    raise ValueError(f"{what}: cycles must be an integer >= 0, got {type(cycles).__name__} {cycles!r}")
+
+
+def _check_bool(value: Any, name: str, what: str) -> None:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{what}: {name} must be True or False, got {value!r}")
 
 
 def _key_name(key: Any) -> Any:
@@ -75,29 +124,35 @@ def _key_name(key: Any) -> Any:
     return key
 
 
-def _flatten(params: PyTree) -> tuple[list[Any], Any, dict[tuple, int]]:
+def flatten_params(params: PyTree) -> tuple[list[Any], Any, dict[tuple, int]]:
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     positions = {tuple(_key_name(k) for k in path): i for i, (path, _) in enumerate(with_paths)}
     return [leaf for _, leaf in with_paths], treedef, positions
 
 
-def _slice(params: PyTree, positions: dict, entry: Any, producer: bool, what: str) -> _Slice:
+def _slice(params: PyTree, positions: dict, entry: Any, producer: bool, what: str) -> Slice:
     if not isinstance(entry, tuple | list) or not entry or not isinstance(entry[0], tuple | list):
         raise ValueError(f"{what}: an entry must be (path, axis) with path a tuple, got {entry!r}")
     path = tuple(entry[0])
     leaf = get_leaf(params, path, what)
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+        raise ValueError(
+            f"{what}: params leaf {'/'.join(map(str, path))} has dtype {leaf.dtype}; only floating "
+            "params can be rescaled (an integer leaf would be truncated and the function changed). "
+            "Leave it out of the spec."
+        )
     axis, index = entry_index(tuple(entry), tuple(leaf.shape), what)
-    return _Slice(positions[path], axis, index, producer and str(path[-1]) == "bias")
+    return Slice(positions[path], axis, index, producer and str(path[-1]) == "bias")
 
 
-def _units(s: _Slice, shape: tuple[int, ...]) -> int:
+def _units(s: Slice, shape: tuple[int, ...]) -> int:
     return shape[s.axis] if s.index is None else int(np.max(s.index, initial=-1)) + 1
 
 
-def _plan(params: PyTree, spec: Sequence[Junction], what: str) -> tuple[_Plan, ...]:
+def plan_spec(params: PyTree, spec: Sequence[Junction], what: str) -> tuple[Plan, ...]:
     if isinstance(spec, Junction) or not isinstance(spec, Sequence):
         raise ValueError(f"{what}: spec must be a sequence of Junction, got {type(spec).__name__}")
-    leaves, _, positions = _flatten(params)
+    leaves, _, positions = flatten_params(params)
     plans = []
     for k, junction in enumerate(spec):
         if not isinstance(junction, Junction):
@@ -119,7 +174,7 @@ def _plan(params: PyTree, spec: Sequence[Junction], what: str) -> tuple[_Plan, .
             )
         if units == 0:
             raise ValueError(f"{what}: junction {k} has no units")
-        plans.append(_Plan(units, prods, cons))
+        plans.append(Plan(units, prods, cons))
     return tuple(plans)
 
 
@@ -127,13 +182,13 @@ def _plan(params: PyTree, spec: Sequence[Junction], what: str) -> tuple[_Plan, .
 # The numerics (traced).
 
 
-def _compute_dtype(leaf: jax.Array) -> Any:
+def compute_dtype(leaf: jax.Array) -> Any:
     return jnp.promote_types(leaf.dtype, jnp.float32)
 
 
-def _unit_power(leaf: jax.Array, s: _Slice, units: int, p: float) -> jax.Array:
+def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float) -> jax.Array:
     """Per unit: ``sum |w|^p`` over the slice (``max |w|`` for p = inf)."""
-    a = jnp.abs(leaf.astype(_compute_dtype(leaf)))
+    a = jnp.abs(leaf.astype(compute_dtype(leaf)))
     if p == 2:
         a = jnp.square(a)
     elif p != 1 and p != math.inf:
@@ -147,7 +202,7 @@ def _unit_power(leaf: jax.Array, s: _Slice, units: int, p: float) -> jax.Array:
     return jnp.maximum(out, 0.0)  # segment_max of an empty segment is -inf
 
 
-def _factor(d: jax.Array, s: _Slice, ndim: int) -> jax.Array:
+def _factor(d: jax.Array, s: Slice, ndim: int) -> jax.Array:
     """``d`` laid out to broadcast against the leaf (1 outside the junction)."""
     if s.index is None:
         shape = [1] * ndim
@@ -164,8 +219,14 @@ def _combine(terms: list[jax.Array], p: float) -> jax.Array:
     return out
 
 
-def _junction_scale(leaves, plan: _Plan, p: float, c: Any, count_biases: bool) -> jax.Array:
-    """``d = sqrt(R / (c L))`` per unit, 1 where L or R is zero or the result is not finite."""
+def junction_scale(leaves, plan: Plan, p: float, c: Any, count_biases: bool,
+                   power_of_two: bool = False) -> jax.Array:
+    """``d = sqrt(R / (c L))`` per unit (float32 or wider), 1 where L or R is zero or the result is
+    not finite; NaN everywhere for a (traced) c <= 0. With ``power_of_two``, ``d`` is rounded to
+    the nearest power of two in log space, ``2^round(log2 d)``: the best such factor for the
+    convex 1-D objective ``d^p L^p + c^-p d^-p R^p`` (symmetric in ``log d`` around its minimum),
+    so a cycle still does not increase the objective, and multiplying by it is exact in every
+    binary float format (no rounding, no drift of the function)."""
     left = [_unit_power(leaves[s.leaf], s, plan.units, p)
             for s in plan.producers if count_biases or not s.bias]
     right = [_unit_power(leaves[s.leaf], s, plan.units, p) for s in plan.consumers]
@@ -176,29 +237,35 @@ def _junction_scale(leaves, plan: _Plan, p: float, c: Any, count_biases: bool) -
     ok = (lp > 0) & (rp > 0)
     safe_l, safe_r = jnp.where(ok, lp, 1.0), jnp.where(ok, rp, 1.0)
     exponent = 0.5 if p == math.inf else 0.5 / p
-    d = jnp.exp(exponent * (jnp.log(safe_r) - jnp.log(safe_l)) - 0.5 * jnp.log(jnp.asarray(c, dtype)))
-    return jnp.where(ok & jnp.isfinite(d), d, jnp.ones_like(d))
+    c = jnp.asarray(c, dtype)
+    log_d = exponent * (jnp.log(safe_r) - jnp.log(safe_l)) - 0.5 * jnp.log(jnp.where(c > 0, c, 1.0))
+    if power_of_two:
+        log_d = jnp.round(log_d / math.log(2.0)) * math.log(2.0)
+    d = jnp.exp(log_d)
+    d = jnp.where(ok & jnp.isfinite(d), d, jnp.ones_like(d))
+    return jnp.where(c > 0, d, jnp.nan)
 
 
-def _apply(leaves: list, plan: _Plan, d: jax.Array) -> None:
+def apply_scale(leaves: list, plan: Plan, d: jax.Array) -> None:
     for s, power in [(s, 1) for s in plan.producers] + [(s, -1) for s in plan.consumers]:
         leaf = leaves[s.leaf]
-        f = _factor(d.astype(_compute_dtype(leaf)), s, leaf.ndim)
+        f = _factor(d.astype(compute_dtype(leaf)), s, leaf.ndim)
         scaled = leaf * f if power == 1 else leaf / f
         leaves[s.leaf] = scaled.astype(leaf.dtype)
 
 
-def _cycle(leaves: list, plans: Sequence[_Plan], p: float, c: Any, count_biases: bool):
+def _cycle(leaves: list, plans: Sequence[Plan], p: float, c: Any, count_biases: bool,
+           exact: Sequence[bool]):
     scales = []
-    for plan in plans:
-        d = _junction_scale(leaves, plan, p, c, count_biases)
-        _apply(leaves, plan, d)
+    for plan, power_of_two in zip(plans, exact, strict=True):
+        d = junction_scale(leaves, plan, p, c, count_biases, power_of_two)
+        apply_scale(leaves, plan, d)
         scales.append(d)
     return scales
 
 
-def _plan_key(plans: tuple[_Plan, ...]) -> tuple:
-    def sl(s: _Slice) -> tuple:
+def _plan_key(plans: tuple[Plan, ...]) -> tuple:
+    def sl(s: Slice) -> tuple:
         index = None if s.index is None else (s.index.shape, s.index.tobytes())
         return (s.leaf, s.axis, index, s.bias)
 
@@ -209,9 +276,10 @@ def _plan_key(plans: tuple[_Plan, ...]) -> tuple:
 _CACHE: dict[tuple, Any] = {}
 
 
-def _compiled(plans: tuple[_Plan, ...], p: float, count_biases: bool):
-    """One jitted runner per (spec layout, p, count_biases): all cycles in one ``fori_loop``."""
-    key = (_plan_key(plans), p, count_biases)
+def _compiled(plans: tuple[Plan, ...], p: float, count_biases: bool, exact: tuple[bool, ...]):
+    """One jitted runner per (spec layout, p, count_biases, power-of-two flags): all cycles in one
+    ``fori_loop``."""
+    key = (_plan_key(plans), p, count_biases, exact)
     if key in _CACHE:
         return _CACHE[key]
 
@@ -219,13 +287,13 @@ def _compiled(plans: tuple[_Plan, ...], p: float, count_biases: bool):
         def body(_, carry):
             current, totals = carry
             current = list(current)
-            scales = _cycle(current, plans, p, c, count_biases)
+            scales = _cycle(current, plans, p, c, count_biases, exact)
             totals = tuple(t * s.astype(t.dtype) for t, s in zip(totals, scales, strict=True))
             return tuple(current), totals
 
         ones = tuple(
             jnp.ones((plan.units,), jnp.result_type(
-                *[_compute_dtype(leaves[s.leaf]) for s in (*plan.producers, *plan.consumers)]))
+                *[compute_dtype(leaves[s.leaf]) for s in (*plan.producers, *plan.consumers)]))
             for plan in plans
         )
         return jax.lax.fori_loop(0, cycles, body, (tuple(leaves), ones))
@@ -236,14 +304,14 @@ def _compiled(plans: tuple[_Plan, ...], p: float, count_biases: bool):
     return _CACHE[key]
 
 
-def _rebuild(tree: PyTree, is_variables: bool, new_params: PyTree) -> PyTree:
-    if not is_variables:
-        return new_params
-    if hasattr(tree, "copy") and not isinstance(tree, dict):  # flax FrozenDict
-        return tree.copy({"params": new_params})
-    out = dict(tree)
-    out["params"] = new_params
-    return type(tree)(out) if isinstance(tree, dict) and type(tree) is not dict else out
+def _exact_flags(leaves: list, plans: tuple[Plan, ...], power_of_two: bool | None) -> tuple:
+    """Per junction: round its scales to powers of two? ``None``: where any of its leaves is
+    narrower than float32 (float16, bfloat16, float8), whose rounding would otherwise drift the
+    function a little at every cycle."""
+    if power_of_two is not None:
+        return (bool(power_of_two),) * len(plans)
+    narrow = lambda s: jnp.finfo(leaves[s.leaf].dtype).bits < 32
+    return tuple(any(narrow(s) for s in (*plan.producers, *plan.consumers)) for plan in plans)
 
 
 def enorm_balance(
@@ -255,52 +323,75 @@ def enorm_balance(
     cycles: int = 1,
     return_scales: bool = False,
     count_biases: bool = False,
+    power_of_two: bool | None = None,
 ) -> PyTree | tuple[PyTree, tuple[jax.Array, ...]]:
     """Run ``cycles`` ENorm cycles: params of the same structure computing the same function.
 
     Each cycle visits every junction in spec order and sets, per unit,
     ``d_j = sqrt(R_j / (c L_j))`` with ``L_j`` / ``R_j`` the p-norms of the unit's incoming (producer)
     and outgoing (consumer) weights as they are after the previous updates; producers are
-    multiplied by ``d_j``, consumers divided by it. All cycles run in one ``lax.fori_loop``, so the
-    whole call is a single compiled computation for any ``cycles`` (also a traced one); it is
-    compiled once per spec layout and reused across calls.
+    multiplied by ``d_j``, consumers divided by it. Norms and scales are computed in float32 (or
+    the params' wider dtype). All cycles run in one ``lax.fori_loop``, so the whole call is a
+    single compiled computation for any ``cycles`` (also a traced one); it is compiled once per
+    spec layout and reused across calls.
+
+    **The bare call** (``spec=None``) cannot see the network's activations: it infers a chain with
+    :func:`jaxnorm.enorm.chain` (call order from the tree, see there) and *assumes* that every
+    hidden activation is positively homogeneous (ReLU, leaky ReLU, identity, max / average pooling)
+    and that nothing else sits between the layers. On a GELU / tanh network it would change the
+    function. Verify in one call with ``jaxnorm.enorm.check(apply_fn, params, balanced, x)``, or
+    let the function itself give the spec, which assumes nothing:
+    ``enorm_balance(params, jaxnorm.enorm.discover(apply_fn, params, x))``.
 
     Args:
-      params: a params tree or a Flax variables dict with a ``"params"`` key (other collections
-        are returned unchanged).
+      params: a params tree, a Flax variables dict with a ``"params"`` key (other collections
+        are returned unchanged), an ``nnx.State`` (e.g. ``nnx.state(model, nnx.Param)``) or its
+        pure dict; the result is of the same kind.
       spec: a sequence of :class:`Junction`; ``None`` infers a chain with :func:`chain` and raises
-        where the tree is not one.
+        where the tree is not one or its layer order is ambiguous.
       p: norm order, a positive number or ``"inf"``.
       c: asymmetry (> 0): at the fixed point ``||outgoing_j||_p = c ||incoming_j||_p``. For c != 1
         there is an objective (see :func:`objective`) only where all paths have equal length.
-      cycles: number of cycles (>= 0).
+        May be a traced scalar; a traced c <= 0 gives NaN params.
+      cycles: number of cycles, an integer >= 0 (or an integer scalar array, also traced).
       return_scales: also return the accumulated scale of each junction over all cycles.
       count_biases: count producer biases in ``L_j`` (they are rescaled either way).
+      power_of_two: round every scale to a power of two, so that rescaling is exact in the params'
+        dtype and no cycle moves the function by rounding (the balance is then within a factor
+        sqrt(2) per unit, and no cycle increases the objective). ``None`` (default): only for
+        junctions with a leaf narrower than float32 (float16, bfloat16).
 
     Returns:
-      ``params`` balanced (same structure and dtypes), or ``(params, scales)`` with one ``(n,)``
-      array per junction such that producers were multiplied and consumers divided by it.
+      ``params`` balanced (same container, structure and dtypes), or ``(params, scales)`` with one
+      ``(n,)`` array per junction such that producers were multiplied and consumers divided by it.
 
     Raises:
-      ValueError: p <= 0, c <= 0, negative cycles, a spec whose paths or axes do not exist or whose
-        entries disagree on the number of units, or (``spec=None``) a tree that is not a chain.
+      ValueError, naming the argument: p not a positive number or 'inf'; c not a finite real > 0
+        (where its value is known); cycles not an integer >= 0; non-bool flags; a spec whose paths
+        or axes do not exist, whose entries disagree on the number of units, or that names an
+        integer-dtype leaf (integer params are never rescaled: truncation would change the
+        function); with ``spec=None``, a tree that is not a chain or an ambiguous layer order.
 
     References:
       Stock et al. 2019, Alg. 1, Sec. 3.3 Eq. 5, Sec. 3.5 Eqs. 6-8, Sec. 3.7 Eqs. 11-12, Sec. 4.
     """
-    p = _check_p(p, "enorm_balance")
-    _check_c(c, "enorm_balance")
-    if isinstance(cycles, int | np.integer) and cycles < 0:
-        raise ValueError(f"enorm_balance: cycles must be >= 0, got {cycles}")
-    inner, is_variables = unwrap_variables(params)
+    what = "enorm_balance"
+    p = check_p(p, what)
+    check_c(c, what)
+    check_cycles(cycles, what)
+    _check_bool(return_scales, "return_scales", what)
+    _check_bool(count_biases, "count_biases", what)
+    if power_of_two is not None:
+        _check_bool(power_of_two, "power_of_two", what)
+    inner, rebuild = split_params(params)
     if spec is None:
         spec = chain(inner)
-    plans = _plan(inner, spec, "enorm_balance")
-    leaves, treedef, _ = _flatten(inner)
-    run = _compiled(plans, p, count_biases)
-    out_leaves, totals = run(tuple(jnp.asarray(x) for x in leaves), c, cycles)
-    new_params = jax.tree_util.tree_unflatten(treedef, list(out_leaves))
-    result = _rebuild(params, is_variables, new_params)
+    plans = plan_spec(inner, spec, what)
+    leaves, treedef, _ = flatten_params(inner)
+    leaves = [jnp.asarray(x) for x in leaves]
+    run = _compiled(plans, p, count_biases, _exact_flags(leaves, plans, power_of_two))
+    out_leaves, totals = run(tuple(leaves), c, cycles)
+    result = rebuild(jax.tree_util.tree_unflatten(treedef, list(out_leaves)))
     return (result, totals) if return_scales else result
 
 
@@ -310,20 +401,23 @@ def multipliers(params: PyTree, spec: Sequence[Junction], scales: Sequence[jax.A
     A leaf's factor is the product of its producer scales along their unit axes and the inverse of
     its consumer scales along theirs (Stock et al. 2019, Sec. 3.6: the ``D_{k-1}^-1 W_k D_k`` of
     Eq. 2). Leaves outside the spec get ``None``. The tree has the structure of the bare params
-    (``params["params"]`` for a variables dict); leaves broadcast against the params leaves.
+    (``params["params"]`` for a variables dict; an ``nnx.State`` for an ``nnx.State``, so that it
+    lines up with optimizer states built on it); leaves broadcast against the params leaves.
     """
     inner, _ = unwrap_variables(params)
-    plans = _plan(inner, spec, "multipliers")
+    bare = params["params"] if is_variables(params) else params
+    plans = plan_spec(inner, spec, "multipliers")
     if len(scales) != len(plans):
         raise ValueError(f"multipliers: got {len(scales)} scales for {len(plans)} junctions")
-    leaves, treedef, _ = _flatten(inner)
+    leaves, treedef, _ = flatten_params(inner)
     factors: list[Any] = [None] * len(leaves)
     for plan, d in zip(plans, scales, strict=True):
         for s, power in [(s, 1) for s in plan.producers] + [(s, -1) for s in plan.consumers]:
             f = _factor(jnp.asarray(d), s, jnp.ndim(leaves[s.leaf]))
             f = f if power == 1 else 1.0 / f
             factors[s.leaf] = f if factors[s.leaf] is None else factors[s.leaf] * f
-    return jax.tree_util.tree_unflatten(treedef, factors)
+    out = jax.tree_util.tree_unflatten(treedef, factors)
+    return nnx.State(out) if is_nnx_state(bare) else out
 
 
 def _levels(spec: Sequence[Junction]) -> dict[tuple, int]:
@@ -379,12 +473,12 @@ def objective(
     Raises:
       ValueError: bad p or c; c != 1 on a graph with paths of unequal length.
     """
-    p = _check_p(p, "objective")
-    _check_c(c, "objective")
+    p = check_p(p, "objective")
+    check_c(c, "objective")
     inner, _ = unwrap_variables(params)
     if spec is None:
         spec = chain(inner)
-    _plan(inner, spec, "objective")
+    plan_spec(inner, spec, "objective")
     weighted = not (isinstance(c, int | float) and c == 1)
     level = _levels(spec) if weighted else {}
     seen: dict[tuple, None] = {}
@@ -397,7 +491,7 @@ def objective(
     total = jnp.zeros((), jnp.float32)
     for path in seen:
         leaf = jnp.asarray(get_leaf(inner, path, "objective"))
-        a = jnp.abs(leaf.astype(_compute_dtype(leaf)))
+        a = jnp.abs(leaf.astype(compute_dtype(leaf)))
         term = jnp.max(a) if p == math.inf else jnp.sum(a**p)
         if weighted:
             term = term * jnp.asarray(c, term.dtype) ** (-(1 if p == math.inf else p) * level[path])

@@ -31,12 +31,14 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxnorm.enorm.spec import Junction, Spec, unwrap_variables
+from jaxnorm.enorm.spec import Junction, Spec
+from jaxnorm.enorm.trees import is_variables, split_params
 
-__all__ = ["discover", "scale_invariant_kernels"]
+__all__ = ["discover", "input_links", "scale_invariant_kernels"]
 
 PyTree = Any
 
@@ -48,9 +50,9 @@ class _Fail(Exception):
 class _Need(Exception):
     """An unscaled addend must be scaled too: (var, target ids)."""
 
-    def __init__(self, var: int, target: np.ndarray):
+    def __init__(self, var: int, target: np.ndarray, power: Fraction = Fraction(1)):
         super().__init__()
-        self.var, self.target = var, target
+        self.var, self.target, self.power = var, target, power
 
 
 class _Eqn(NamedTuple):
@@ -70,6 +72,7 @@ class _Graph(NamedTuple):
     producer: dict[int, int]  # var -> index of the eqn that defines it
     param_in: dict[int, int]  # var -> params leaf index
     other_in: set[int]
+    input_vars: tuple[int, ...]  # the traced non-params inputs, in flattening order
     outs: list[Any]
     out_names: list[str]  # the path of each output leaf in the function's result ('' for a lone array)
     zero: set[int]  # vars known to be all zeros
@@ -216,7 +219,8 @@ def _build_graph(fn: Callable, params: PyTree, rest: tuple) -> tuple[_Graph, lis
             for x in e.ins:
                 if _in(x, pos):
                     uses[pos[x][0]].add(k)
-    graph = _Graph(eqns, shapes, producer, param_in, set(invars[len(p_leaves):]), outs, out_names, zero,
+    graph = _Graph(eqns, shapes, producer, param_in, set(invars[len(p_leaves):]),
+                   tuple(invars[len(p_leaves):]), outs, out_names, zero,
                    pos, uses)
     return graph, p_leaves, p_def
 
@@ -255,8 +259,10 @@ def _squash(ids: np.ndarray, axes) -> np.ndarray:
 class _Interp:
     """One forward pass for a set of producer hypotheses."""
 
-    def __init__(self, graph: _Graph, seeds: dict[int, np.ndarray], strict: bool):
+    def __init__(self, graph: _Graph, seeds: dict[int, np.ndarray], strict: bool,
+                 input_seeds: dict[int, Any] | None = None):
         self.g, self.seeds, self.strict = graph, seeds, strict
+        self.transport = input_seeds is not None
         self.consumers: dict[int, np.ndarray] = {}
         self.consumed: dict[int, set[int]] = {}
         self.at = -1
@@ -264,6 +270,8 @@ class _Interp:
         for v, leaf in graph.param_in.items():
             if leaf in seeds:
                 self.val[v] = _Scaled(seeds[leaf], Fraction(1))
+        for v, scaled in (input_seeds or {}).items():
+            self.val[v] = scaled
 
     def read(self, x: Any) -> Any:
         if isinstance(x, _Lit):
@@ -446,9 +454,9 @@ class _Interp:
             axes = [i for i, n in enumerate(self.shape(x)) if n == 1 and shape[i] > 1]
             if not _const_along(target, axes):
                 raise _Fail("a broadcast addend would need several units")
-            if not self.strict:
+            if not self.strict and not self.transport:
                 raise _Fail("a scaled value plus an unscaled one")
-            raise _Need(x, _squash(target, axes))
+            raise _Need(x, _squash(target, axes), ref.power)
         return _Scaled(_full(ref.ids, shape), ref.power)
 
     def product(self, e: _Eqn, vals: list, shape) -> Any:
@@ -578,7 +586,10 @@ class _Interp:
 # Tracing an unscaled addend back to the parameters that would scale it.
 
 
-def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0) -> dict[int, np.ndarray]:
+def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0,
+          inputs: bool = False) -> dict[int, np.ndarray]:
+    """The params leaves (keys >= 0) that must be scaled by ``target`` for ``var`` to carry it;
+    with ``inputs``, non-params inputs of the function reached this way too (key ``-1 - var``)."""
     if isinstance(var, _Lit) or var in g.zero or not np.any(target >= 0):
         if isinstance(var, _Lit) and not _is_zero_lit(var) and np.any(target >= 0):
             raise _Fail("a scaled value plus a constant")
@@ -589,6 +600,8 @@ def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0) -> dict[int, 
     target = _full(target, shape)
     if var in g.param_in:
         return {g.param_in[var]: np.array(target)}
+    if inputs and var in g.other_in:
+        return {-1 - var: np.array(target)}
     if var in g.other_in or var not in g.producer:
         raise _Fail("scaled units meet an unscaled input of the function (e.g. a BN running mean)")
     e = g.eqns[g.producer[var]]
@@ -598,7 +611,7 @@ def _need(g: _Graph, var: Any, target: np.ndarray, depth: int = 0) -> dict[int, 
         return tuple(np.shape(x.value)) if isinstance(x, _Lit) else g.shapes[x]
 
     def back(x, t):
-        return _need(g, x, t, depth + 1)
+        return _need(g, x, t, depth + 1, inputs)
 
     def to_operand(x, t):
         s = in_shape(x)
@@ -744,17 +757,26 @@ def _paths(params: PyTree) -> list[tuple]:
 
 
 def _analyse(apply_fn: Callable, params: PyTree, args: tuple, kwargs: dict):
-    inner, is_variables = unwrap_variables(params)
-    if is_variables:  # other collections (batch_stats) are traced inputs, never constants
-        others = {k: v for k, v in params.items() if k != "params"}
+    """``(graph, params leaves, params paths, other inputs)``: ``other inputs`` maps the var of
+    each leaf of the variables' non-params collections to ``(collection, *path)``."""
+    inner, rebuild = split_params(params)
+    if is_variables(params):  # other collections (batch_stats) are traced inputs, never constants
+        inner, rebuild_params = split_params(params["params"])
+        split = {k: split_params(v) for k, v in params.items() if k != "params"}
+        others = {k: jax.tree.map(jnp.asarray, pure) for k, (pure, _) in split.items()}
 
         def fn(p, state, *a, **kw):
-            return apply_fn({**state, "params": p}, *a, **kw)
+            rebuilt = {k: split[k][1](v) for k, v in state.items()}
+            return apply_fn({**rebuilt, "params": rebuild_params(p)}, *a, **kw)
 
         graph, leaves, _ = _build_graph(fn, inner, ((others, *args), kwargs))
+        other_paths = _paths(others)
+        inputs = dict(zip(graph.input_vars[: len(other_paths)], other_paths, strict=True))
     else:
-        graph, leaves, _ = _build_graph(apply_fn, inner, (args, kwargs))
-    return graph, leaves, _paths(inner)
+        graph, leaves, _ = _build_graph(lambda p, *a, **kw: apply_fn(rebuild(p), *a, **kw), inner,
+                                        (args, kwargs))
+        inputs = {}
+    return graph, leaves, _paths(inner), inputs
 
 
 def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> Spec:
@@ -784,7 +806,7 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
       Stock et al. 2019, Sec. 3.1, 3.5, 4.1-4.3 (the symmetries); identity-shortcut residual
       streams (one junction per stage) go beyond the paper.
     """
-    graph, leaves, paths = _analyse(apply_fn, params, args, kwargs)
+    graph, leaves, paths, _ = _analyse(apply_fn, params, args, kwargs)
     covered: set[tuple[int, int]] = set()
     junctions, left_out = [], []
     for leaf_i, leaf in enumerate(leaves):
@@ -830,7 +852,7 @@ def scale_invariant_kernels(
     Returns:
       ``{path: bool}`` for every leaf of rank >= 2.
     """
-    graph, leaves, paths = _analyse(apply_fn, params, args, kwargs)
+    graph, leaves, paths, _ = _analyse(apply_fn, params, args, kwargs)
     out = {}
     for leaf_i, leaf in enumerate(leaves):
         ndim = np.ndim(leaf)
@@ -844,4 +866,76 @@ def scale_invariant_kernels(
             out[paths[leaf_i]] = not consumers
         except _Fail:
             out[paths[leaf_i]] = False
+    return out
+
+
+def _solve_inputs(g: _Graph, leaf: int, ids: np.ndarray, inputs: dict[int, tuple],
+                  seeds: dict[int, _Scaled], var_trial: bool) -> dict[int, _Scaled] | None:
+    """Input seeds (non-params inputs scaled with a power) under which scaling ``leaf``'s units
+    alone leaves the function unchanged, or None. Addends met by the scaled units are traced back
+    to inputs (a BN running mean: power 1); where the pass then fails, an unseeded input beside a
+    seeded one (same collection module, same shape: the running variance) is tried with power 2."""
+    seeds = dict(seeds)
+    for _ in range(64):
+        try:
+            consumers = _Interp(g, {leaf: ids}, False, seeds).run()
+            return seeds if seeds and not consumers else None
+        except _Need as need:
+            try:
+                extra = _need(g, need.var, need.target, inputs=True)
+            except _Fail:
+                extra = {}
+            if extra and all(k < 0 and -1 - k not in seeds for k in extra):
+                for key, target in extra.items():
+                    seeds[-1 - key] = _Scaled(_full(target, g.shapes[-1 - key]), need.power)
+                continue
+        except _Fail:
+            pass
+        break  # refuted: a parameter would have to move with the units, or the pass failed
+    return _try_variance(g, leaf, ids, inputs, seeds) if var_trial else None
+
+
+def _try_variance(g: _Graph, leaf: int, ids: np.ndarray, inputs: dict[int, tuple],
+                  seeds: dict[int, _Scaled]) -> dict[int, _Scaled] | None:
+    """Retry with one unseeded input beside a seeded one (same collection module and shape: a
+    BN's running variance beside its mean) scaled with twice its power."""
+    for var, scaled in list(seeds.items()):
+        path = inputs.get(var)
+        for other, other_path in inputs.items():
+            if (other in seeds or path is None or other_path[:-1] != path[:-1]
+                    or g.shapes[other] != g.shapes[var]):
+                continue
+            trial = {**seeds, other: _Scaled(scaled.ids, scaled.power * 2)}
+            found = _solve_inputs(g, leaf, ids, inputs, trial, False)
+            if found is not None:
+                return found
+    return None
+
+
+def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any) -> dict:
+    """For each params leaf of rank >= 2: the non-params inputs that must be divided by ``s^k``
+    when its output units (last axis) alone are divided by ``s``, for the function to stay the
+    same; ``{kernel_path: ((input_path, k, index), ...)}`` with ``input_path`` starting with the
+    collection name and ``index`` None (unit i at position i of a 1-D input) or the unit of each
+    element (-1: not scaled). Only kernels for which such inputs exist and make the function
+    exactly invariant (BN's epsilon neglected) are listed. See :mod:`jaxnorm.enorm.transport`."""
+    graph, leaves, paths, inputs = _analyse(apply_fn, variables, args, kwargs)
+    out = {}
+    for leaf_i, leaf in enumerate(leaves):
+        ndim = np.ndim(leaf)
+        if ndim < 2 or not np.issubdtype(np.dtype(leaf.dtype), np.floating):
+            continue
+        shape = [1] * ndim
+        shape[-1] = np.shape(leaf)[-1]
+        ids = np.broadcast_to(np.arange(shape[-1]).reshape(shape), np.shape(leaf))
+        found = _solve_inputs(graph, leaf_i, ids, inputs, {}, True)
+        if not found or any(var not in inputs for var in found):
+            continue
+        links = []
+        for var, scaled in found.items():
+            full = _full(scaled.ids, graph.shapes[var])
+            plain = full.ndim == 1 and np.array_equal(full, np.arange(full.size))
+            power = int(scaled.power) if scaled.power.denominator == 1 else float(scaled.power)
+            links.append((inputs[var], power, None if plain else np.array(full, np.int32)))
+        out[paths[leaf_i]] = tuple(sorted(links, key=lambda item: (item[1], str(item[0]))))
     return out

@@ -28,8 +28,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.enorm.balance import _plan, multipliers, objective
+from jaxnorm.enorm.balance import multipliers, objective, plan_spec
 from jaxnorm.enorm.spec import Junction, unwrap_variables
+from jaxnorm.enorm.trees import split_params
 
 __all__ = ["apply_log_scales", "implicit_penalty", "init_log_scales"]
 
@@ -39,18 +40,18 @@ PyTree = Any
 def init_log_scales(params: PyTree, spec: Sequence[Junction], dtype: Any = jnp.float32):
     """Zero log-scales (``D = I``), one ``(n,)`` array per junction of ``spec``."""
     inner, _ = unwrap_variables(params)
-    return tuple(jnp.zeros((plan.units,), dtype) for plan in _plan(inner, spec, "init_log_scales"))
+    return tuple(jnp.zeros((plan.units,), dtype) for plan in plan_spec(inner, spec, "init_log_scales"))
 
 
 def apply_log_scales(params: PyTree, spec: Sequence[Junction], log_scales: Sequence[jax.Array]):
     """The effective params ``D^-1 W D`` with ``D = exp(log_scales)``: the same function as
     ``params`` for any ``log_scales`` (producers times ``exp(u)``, consumers divided by it).
     Differentiable in both arguments; same structure as ``params``."""
-    inner, is_variables = unwrap_variables(params)
+    inner, rebuild = split_params(params)
     factors = multipliers(inner, spec, [jnp.exp(u) for u in log_scales])
     scaled = jax.tree.map(lambda w, f: w if f is None else (w * f).astype(w.dtype), inner, factors,
                           is_leaf=lambda v: v is None)
-    return {**params, "params": scaled} if is_variables else scaled
+    return rebuild(scaled)
 
 
 def implicit_penalty(

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxnorm.enorm.trees import is_variables, split_params
+
 __all__ = ["Entry", "Junction", "Spec", "chain", "entry_index", "get_leaf", "unwrap_variables"]
 
 PyTree = Any
@@ -80,10 +82,10 @@ def _fmt_entry(entry: Entry) -> str:
 
 
 def unwrap_variables(tree: PyTree) -> tuple[PyTree, bool]:
-    """``(params, True)`` for a Flax variables dict with a ``"params"`` key, else ``(tree, False)``."""
-    if isinstance(tree, Mapping) and "params" in tree and isinstance(tree["params"], Mapping):
-        return tree["params"], True
-    return tree, False
+    """``(params, True)`` for a Flax variables dict with a ``"params"`` key, else ``(params, False)``;
+    ``params`` a pure dict (``nnx.State`` and ``FrozenDict`` unwrapped, see
+    :func:`jaxnorm.enorm.trees.split_params`)."""
+    return split_params(tree)[0], is_variables(tree)
 
 
 def get_leaf(params: PyTree, path: Path, what: str = "spec") -> Any:
@@ -149,60 +151,159 @@ def entry_index(entry: Entry, shape: tuple[int, ...], what: str = "spec") -> tup
 # chain(): the spec of a sequential Dense / Conv stack.
 
 _NAME = re.compile(r"^(.*?)_?(\d+)$")
+_SEARCH_BUDGET = 100_000
 
 
-def _module_key(path: Path, kernel_ndim: int) -> tuple:
-    """Sort key of a module path: convolutions before dense layers, then natural order of names
-    (``Dense_2`` before ``Dense_10``)."""
-    key: list[Any] = [0 if kernel_ndim > 2 else 1]
-    for part in path:
-        match = _NAME.match(str(part))
-        key.append((match.group(1), int(match.group(2))) if match else (str(part), -1))
-    return tuple(key)
+class _Module(NamedTuple):
+    path: Path
+    kernel_ndim: int
+    units: int  # kernel.shape[-1]
+    fan_in: int  # kernel.shape[-2]
+    has_bias: bool
+    ranks: tuple  # per level: ("recorded", insertion index) or ("named", stem, number) or None
 
 
-def _modules(params: Mapping, prefix: Path = ()) -> list[tuple[Path, Mapping]]:
+def _recorded(node: Mapping) -> bool:
+    """True where a dict's keys are not in sorted order: it is as ``init`` built it (Flax inserts
+    modules in the order they are first called), not a ``jax.tree`` rebuild (which sorts keys)."""
+    keys = list(node.keys())
+    try:
+        return keys != sorted(keys)
+    except TypeError:  # mixed key types
+        return False
+
+
+def _name_rank(name: Any) -> tuple | None:
+    if isinstance(name, int | np.integer):
+        return ("named", "", int(name))
+    match = _NAME.match(str(name))
+    return ("named", match.group(1), int(match.group(2))) if match else None
+
+
+def _modules(params: Mapping, prefix: Path = (), ranks: tuple = ()) -> list[_Module]:
     found = []
-    for name, node in params.items():
+    recorded = _recorded(params)
+    for position, (name, node) in enumerate(params.items()):
+        path = (*prefix, name)
+        rank = ("recorded", position) if recorded else _name_rank(name)
         if not isinstance(node, Mapping):
             raise ValueError(
-                f"chain: params leaf {(*prefix, name)!r} is not inside a Dense/Conv module; "
-                "the tree is not a plain chain. Pass a spec, or get one with "
+                f"chain: params leaf {path!r} is not inside a Dense/Conv module; the tree is not a "
+                "plain chain. Pass a spec, or get one with "
                 "jaxnorm.enorm.discover(apply_fn, params, *example_inputs)"
             )
         if "kernel" in node and not isinstance(node["kernel"], Mapping):
             extra = set(node) - {"kernel", "bias"}
             if extra:
                 raise ValueError(
-                    f"chain: module {(*prefix, name)!r} has parameters {sorted(extra)} besides "
+                    f"chain: module {path!r} has parameters {sorted(map(str, extra))} besides "
                     "kernel/bias; the tree is not a plain Dense/Conv chain. Use "
                     "jaxnorm.enorm.discover(apply_fn, params, *example_inputs)"
                 )
-            found.append(((*prefix, name), node))
+            shape = tuple(np.shape(node["kernel"]))
+            if len(shape) < 2:
+                raise ValueError(f"chain: kernel of module {path!r} has shape {shape}, rank < 2")
+            found.append(_Module(path, len(shape), shape[-1], shape[-2], "bias" in node,
+                                 (*ranks, rank)))
         else:
-            found.extend(_modules(node, (*prefix, name)))
+            found.extend(_modules(node, path, (*ranks, rank)))
+    return found
+
+
+def _before(a: _Module, b: _Module) -> bool:
+    """Whether the tree says ``a`` is called before ``b``: at the first level where their paths
+    differ, by insertion order where the dict records it, else by the numbers of names sharing a
+    stem (``Dense_2`` before ``Dense_10``, ``layers_0`` before ``layers_2``, NNX list entries);
+    and convolutions before dense layers."""
+    if a.kernel_ndim > 2 >= b.kernel_ndim:
+        return True
+    for ra, rb, na, nb in zip(a.ranks, b.ranks, a.path, b.path, strict=False):
+        if na == nb:
+            continue
+        if ra is None or rb is None or ra[0] != rb[0]:
+            return False
+        if ra[0] == "recorded":
+            return ra[1] < rb[1]
+        return ra[1] == rb[1] and ra[2] < rb[2]
+    return False
+
+
+def _link(a: _Module, b: _Module) -> Entry | None:
+    """The consumer entry of ``b`` reading ``a``'s units, or None where the shapes do not chain."""
+    kernel_b = (*b.path, "kernel")
+    if b.fan_in == a.units:
+        return (kernel_b, b.kernel_ndim - 2)
+    if a.kernel_ndim > 2 and b.kernel_ndim == 2 and b.fan_in % a.units == 0:
+        return (kernel_b, 0, np.arange(b.fan_in) % a.units)
+    return None
+
+
+def _orders(modules: list[_Module]) -> list[list[int]]:
+    """Up to two orders of all modules that respect :func:`_before` and chain by shape."""
+    n = len(modules)
+    preds = [{j for j in range(n) if j != i and _before(modules[j], modules[i])} for i in range(n)]
+    found: list[list[int]] = []
+    budget = [_SEARCH_BUDGET]
+
+    def extend(order: list[int], placed: set[int]) -> None:
+        if len(found) > 1 or budget[0] <= 0:
+            return
+        budget[0] -= 1
+        if len(order) == n:
+            found.append(list(order))
+            return
+        for i in range(n):
+            if i in placed or not preds[i] <= placed:
+                continue
+            if order and _link(modules[order[-1]], modules[i]) is None:
+                continue
+            order.append(i)
+            placed.add(i)
+            extend(order, placed)
+            placed.discard(i)
+            order.pop()
+
+    extend([], set())
+    if budget[0] <= 0 and len(found) < 2:
+        found.append([])  # undecided within the budget: reported as ambiguous
     return found
 
 
 def chain(params: PyTree) -> Spec:
     """The spec of a sequential Dense / Conv stack: one junction per hidden layer.
 
-    Modules are the sub-dicts holding a ``kernel`` (and optionally a ``bias``); they are ordered
-    convolutions first, then dense layers, each in natural name order (``Dense_2`` before
-    ``Dense_10``). Junction k has producers ``kernel_k`` (last axis) and ``bias_k``, consumer
-    ``kernel_{k+1}`` along its input axis (axis -2). A dense layer after a convolution whose
-    input size is a multiple m of the convolution's channels is taken to read the NHWC feature map
-    flattened in row-major order (``x.reshape(n, -1)``), channel fastest.
+    Modules are the sub-dicts holding a ``kernel`` (and optionally a ``bias``). Their call order
+    is read from the tree where it records it, and from the shapes otherwise:
+
+    1. a dict whose keys are not in sorted order is as Flax's ``init`` built it, in first-call
+       order (linen ``setup()`` modules included); its entries are taken in that order;
+    2. otherwise (sorted keys: any ``jax.tree`` rebuild, ``nnx.State``) names that share a stem
+       and end in a number are taken in numeric order (``Dense_2`` before ``Dense_10``,
+       ``layers_0`` before ``layers_2``, NNX list entries ``0, 1, ...``, ``fc1`` before ``fc2``);
+    3. convolutions come before dense layers;
+    4. among the orders these rules allow, the one in which every kernel reads the previous one's
+       units (``kernel_b.shape[-2] == kernel_a.shape[-1]``, or a dense layer reading a convolution's
+       NHWC map flattened row-major, ``x.reshape(n, -1)``, channel fastest) must be unique.
+
+    Junction k has producers ``kernel_k`` (last axis) and ``bias_k``, consumer ``kernel_{k+1}``
+    along its input axis (axis -2).
+
+    What the tree cannot show, and is therefore assumed (check it with
+    :func:`jaxnorm.enorm.check`, or use :func:`jaxnorm.enorm.discover`, which assumes nothing):
+    every hidden activation is positively homogeneous (ReLU, leaky ReLU, identity, max / average
+    pooling: not GELU, tanh, sigmoid, softplus); nothing else (normalization, residual
+    connections) sits between the layers; numbered names number the layers in call order.
 
     Args:
-      params: a params tree or a Flax variables dict.
+      params: a params tree, a Flax variables dict, an ``nnx.State`` or its pure dict.
 
     Returns:
       A :class:`Spec` (tuple of :class:`Junction`).
 
     Raises:
-      ValueError: where the tree is not such a chain (other parameters, shapes that do not chain),
-        pointing to :func:`jaxnorm.enorm.discover`.
+      ValueError: where the tree is not such a chain (other parameters, shapes that do not chain
+        in any allowed order) or where several orders are possible (ambiguous), pointing to
+        :func:`jaxnorm.enorm.discover`.
 
     References:
       Stock et al. 2019, Sec. 3.1 (Eq. 1) and Alg. 1 (one rescaling per hidden layer).
@@ -215,23 +316,27 @@ def chain(params: PyTree) -> Spec:
         raise ValueError(
             f"chain: found {len(modules)} Dense/Conv module(s); a chain needs at least two"
         )
-    modules.sort(key=lambda m: _module_key(m[0], np.ndim(m[1]["kernel"])))
+    orders = _orders(modules)
+    names = ", ".join("/".join(map(str, m.path)) + f" {m.fan_in}->{m.units}" for m in modules)
+    if not orders:
+        raise ValueError(
+            f"chain: the modules [{names}] do not form a chain in any order the tree allows (call "
+            "order as recorded, numbered names, convolutions first, each kernel reading the "
+            "previous one's units); the tree is not a plain chain. Use "
+            "jaxnorm.enorm.discover(apply_fn, params, *example_inputs)"
+        )
+    if len(orders) > 1:
+        raise ValueError(
+            f"chain: the layer order of [{names}] is ambiguous: the tree records no call order "
+            "for them (names without a common numbered stem, sorted keys) and their shapes chain "
+            "in more than one order. Get the spec from the function itself: "
+            "jaxnorm.enorm.discover(apply_fn, params, *example_inputs)"
+        )
+    ordered = [modules[i] for i in orders[0]]
     junctions = []
-    for (path_a, mod_a), (path_b, mod_b) in itertools.pairwise(modules):
-        kernel_a, kernel_b = mod_a["kernel"], mod_b["kernel"]
-        units, fan_in = kernel_a.shape[-1], kernel_b.shape[-2]
-        producers: list[Entry] = [((*path_a, "kernel"), kernel_a.ndim - 1)]
-        if "bias" in mod_a:
-            producers.append(((*path_a, "bias"), 0))
-        if fan_in == units:
-            consumer: Entry = ((*path_b, "kernel"), kernel_b.ndim - 2)
-        elif kernel_a.ndim > 2 and kernel_b.ndim == 2 and fan_in % units == 0:
-            consumer = ((*path_b, "kernel"), 0, np.arange(fan_in) % units)
-        else:
-            raise ValueError(
-                f"chain: {'/'.join(map(str, path_a))} has {units} output units but the next module "
-                f"{'/'.join(map(str, path_b))} reads {fan_in} inputs; the tree is not a plain chain. "
-                "Use jaxnorm.enorm.discover(apply_fn, params, *example_inputs)"
-            )
-        junctions.append(Junction(tuple(producers), (consumer,)))
+    for a, b in itertools.pairwise(ordered):
+        producers: list[Entry] = [((*a.path, "kernel"), a.kernel_ndim - 1)]
+        if a.has_bias:
+            producers.append(((*a.path, "bias"), 0))
+        junctions.append(Junction(tuple(producers), (_link(a, b),)))
     return Spec(junctions)
