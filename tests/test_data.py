@@ -83,7 +83,9 @@ def test_standardize_matches_float64():
 # ---------------------------------------------------------------- catalog and errors
 
 def test_info():
-    assert set(data.names()) == {"fashion_mnist", "mnist", "cifar10", "cifar100", "imagenet2012"}
+    assert set(data.names()) == {
+        "fashion_mnist", "mnist", "cifar10", "cifar10_jpeg", "cifar100", "imagenet2012"}
+    assert data.info("cifar10_jpeg") == data.info("cifar10")  # same classes, shapes and splits
     assert data.info("cifar100") == data.DatasetInfo(
         100, (32, 32, 3), "train", "test", 50_000, 10_000)
     assert data.info("imagenet2012").eval_split == "validation"

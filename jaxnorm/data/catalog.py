@@ -54,6 +54,12 @@ _SPECS: dict[str, _Spec] = {
         (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 10_000, "crop_flip",
         "tfds.builder('cifar10', data_dir=...).download_and_prepare() (downloads 163 MB from "
         "www.cs.toronto.edu/~kriz)"),
+    "cifar10_jpeg": _Spec(
+        DatasetInfo(10, (32, 32, 3), "train", "test", 50_000, 10_000),
+        (0.4868, 0.4822, 0.4414), (0.2451, 0.2425, 0.2605), 10_000, "crop_flip",
+        "offline: jaxnorm.data.prepare_cifar10_jpeg('<path>/cifar10-jpeg.tar.gz', data_dir) (or set "
+        "$JAXNORM_CIFAR10_JPEG to the archive and load() prepares it); this is CIFAR-10 re-encoded as "
+        "JPEG q75, not the original 'cifar10'"),
     "cifar100": _Spec(
         DatasetInfo(100, (32, 32, 3), "train", "test", 50_000, 10_000),
         (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 10_000, "crop_flip",

@@ -44,7 +44,8 @@ def load(
 
     Args:
       name: one of :func:`jaxnorm.data.names` (``fashion_mnist``, ``mnist``, ``cifar10``,
-        ``cifar100``, ``imagenet2012``).
+        ``cifar10_jpeg`` (CIFAR-10 re-encoded as JPEG q75, prepared offline by
+        :func:`jaxnorm.data.prepare_cifar10_jpeg`), ``cifar100``, ``imagenet2012``).
       split: a TFDS split (``"train"``, ``"test"``, slices such as ``"train[:5000]"``), or
         ``"validation"`` = the last 10,000 training examples (MNIST, Fashion-MNIST, CIFAR; as
         Stock et al. 2019, Sec. 6.2, hold out 10,000 CIFAR images) with

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxnorm.data import fashion_mnist
+from jaxnorm.data import cifar10_jpeg, fashion_mnist
 from jaxnorm.data.catalog import missing_error
 from jaxnorm.data.paths import resolve_data_dir
 
@@ -29,17 +29,29 @@ def builder(name: str, data_dir: Path):
     """The prepared TFDS builder of ``name`` in ``data_dir``.
 
     ``fashion_mnist`` is prepared on the spot from the Debian package's files when they are
-    installed (:func:`jaxnorm.data.prepare_fashion_mnist`). Nothing is ever downloaded.
+    installed (:func:`jaxnorm.data.prepare_fashion_mnist`), ``cifar10_jpeg`` from the archive that
+    ``$JAXNORM_CIFAR10_JPEG`` names (:func:`jaxnorm.data.prepare_cifar10_jpeg`). Nothing is ever
+    downloaded.
     """
     tensorflow()
     import tensorflow_datasets as tfds
 
+    if name == cifar10_jpeg.NAME and not cifar10_jpeg.is_prepared(data_dir):
+        if not _cifar10_jpeg_archive():
+            raise missing_error(name, data_dir)  # TFDS has no builder of this name to say more
+        cifar10_jpeg.prepare_cifar10_jpeg(_cifar10_jpeg_archive(), data_dir)
     ds_builder = tfds.builder(name, data_dir=str(data_dir))
     if (name == "fashion_mnist" and not ds_builder.is_prepared()
             and Path(fashion_mnist.DEFAULT_SOURCE_DIR).is_dir()):
         fashion_mnist.prepare_fashion_mnist(data_dir)
         ds_builder = tfds.builder(name, data_dir=str(data_dir))
     return ds_builder
+
+
+def _cifar10_jpeg_archive() -> str | None:
+    """The archive ``$JAXNORM_CIFAR10_JPEG`` names, if that file exists."""
+    archive = os.environ.get(cifar10_jpeg.ARCHIVE_ENV)
+    return archive if archive and Path(archive).expanduser().is_file() else None
 
 
 def check_prepared(name: str, data_dir: str | os.PathLike | None = None) -> None:
@@ -51,6 +63,8 @@ def check_prepared(name: str, data_dir: str | os.PathLike | None = None) -> None
     if any((Path(data_dir) / name).glob("**/dataset_info.json")):
         return
     if name == "fashion_mnist" and Path(fashion_mnist.DEFAULT_SOURCE_DIR).is_dir():
+        return
+    if name == cifar10_jpeg.NAME and _cifar10_jpeg_archive():
         return
     raise missing_error(name, data_dir)
 

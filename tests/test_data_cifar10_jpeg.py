@@ -1,0 +1,84 @@
+"""CIFAR-10 (JPEG q75 copy): the archive in ../shared/data prepared as TFDS's ``cifar10_jpeg`` and loaded."""
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from jaxnorm import data  # noqa: E402
+from jaxnorm.data import cifar10_jpeg, tfds_io  # noqa: E402
+
+ARCHIVE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+
+
+def _archive(path: Path, per_class: dict[str, int]) -> Path:
+    """A small archive of the real layout with ``per_class[split]`` blank JPEG-named files per class."""
+    with tarfile.open(path, "w:gz") as tar:
+        for split, n in per_class.items():
+            for name in cifar10_jpeg.CLASS_NAMES:
+                for i in range(n):
+                    info = tarfile.TarInfo(f"cifar10-jpeg/{split}/{name}/{i:04d}.jpg")
+                    info.size = 1
+                    tar.addfile(info, io.BytesIO(b"x"))
+    return path
+
+
+def test_archive_argument_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv(cifar10_jpeg.ARCHIVE_ENV, raising=False)
+    with pytest.raises(data.DatasetNotFoundError, match="archive must name"):
+        data.prepare_cifar10_jpeg(data_dir=tmp_path)
+    with pytest.raises(data.DatasetNotFoundError, match="archive=.*is not a file"):
+        data.prepare_cifar10_jpeg(tmp_path / "nothing.tar.gz", tmp_path)
+    short = _archive(tmp_path / "short.tar.gz", {"train": 2, "test": 1})
+    with pytest.raises(ValueError, match=r"not the CIFAR-10 JPEG copy.*test/airplane: 1"):
+        data.prepare_cifar10_jpeg(short, tmp_path / "tfds")
+    assert not (tmp_path / "tfds" / "cifar10_jpeg").exists()  # nothing written
+
+
+def test_missing_dataset_names_the_archive(tmp_path, monkeypatch):
+    monkeypatch.delenv(cifar10_jpeg.ARCHIVE_ENV, raising=False)
+    with pytest.raises(data.DatasetNotFoundError, match="prepare_cifar10_jpeg"):
+        data.check_prepared("cifar10_jpeg", tmp_path)
+    with pytest.raises(data.DatasetNotFoundError, match="prepare_cifar10_jpeg"):
+        data.load("cifar10_jpeg", "train", batch_size=8, train=True, data_dir=tmp_path)
+
+
+@pytest.mark.skipif(not ARCHIVE.is_file(), reason=f"{ARCHIVE} is absent")
+def test_real_archive_is_prepared_and_loads_as_cifar10_jpeg(tmp_path, monkeypatch):
+    """Prepared from ../shared/data (by ``load`` itself, through ``$JAXNORM_CIFAR10_JPEG``): 50,000 /
+    10,000 images, 5,000 / 1,000 per class, the archive's JPEG bytes stored unchanged, the copy's own
+    statistics standardising it, and never readable under the name ``cifar10``."""
+    tfds_io.read_arrays.cache_clear()
+    monkeypatch.setenv(cifar10_jpeg.ARCHIVE_ENV, str(ARCHIVE))
+    data.check_prepared("cifar10_jpeg", tmp_path)  # the archive is there: no error
+    train = data.load("cifar10_jpeg", "train", batch_size=1000, train=False, data_dir=tmp_path)
+    assert cifar10_jpeg.is_prepared(tmp_path) and not (tmp_path / "downloads").exists()
+    assert train.num_examples == 50_000
+    images = np.concatenate([b["image"] for b in train]).astype(np.float64)
+    labels = np.concatenate([b["label"] for b in train])
+    assert images.shape == (50_000, 32, 32, 3) and np.bincount(labels).tolist() == [5000] * 10
+    assert np.abs(images.mean((0, 1, 2))).max() < 1e-3
+    assert np.abs(images.std((0, 1, 2)) - 1).max() < 2e-3
+    test = data.load("cifar10_jpeg", "test", batch_size=1000, train=False, data_dir=tmp_path)
+    assert np.bincount(np.concatenate([b["label"] for b in test])).tolist() == [1000] * 10
+    assert data.load("cifar10_jpeg", "validation", batch_size=1000, train=False,
+                     data_dir=tmp_path).num_examples == 10_000
+
+    builder = tfds.builder("cifar10_jpeg", data_dir=str(tmp_path))
+    stored = builder.as_dataset(split="test", shuffle_files=False,
+                                decoders={"image": tfds.decode.SkipDecoding()})
+    example = next(iter(tfds.as_numpy(stored)))
+    key = example["id"].decode()
+    with tarfile.open(ARCHIVE) as tar:
+        original = tar.extractfile(f"cifar10-jpeg/test/{key}").read()
+    assert example["image"] == original  # the JPEG bytes, not a re-encoding
+    assert cifar10_jpeg.CLASS_NAMES[example["label"]] == key.split("/")[0]
+
+    assert data.prepare_cifar10_jpeg(ARCHIVE, tmp_path) == tmp_path  # idempotent
+    with pytest.raises(data.DatasetNotFoundError):
+        data.load("cifar10", "train", batch_size=8, train=True, data_dir=tmp_path)
+    tfds_io.read_arrays.cache_clear()
