@@ -26,10 +26,12 @@ def _run(script: str, *args: str) -> str:
 @pytest.mark.parametrize(("script", "args", "expected"), [
     ("norms.py", TINY, ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |", "checked lines PASS"]),
     ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
-    ("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()"]),
+    # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
+    pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()"],
+                 marks=pytest.mark.slow),
     ("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"]),
-    ("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
-     ["SGD-momentum step (anchor)", "enorm(sgd) full step"]),
+    pytest.param("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
+                 ["SGD-momentum step (anchor)", "enorm(sgd) full step"], marks=pytest.mark.slow),
 ])
 def test_benchmark_script_runs(script, args, expected):
     output = _run(script, *args)

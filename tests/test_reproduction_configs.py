@@ -234,6 +234,7 @@ def test_cifar_nv_enorm_variant_with_final_bn_trains_through_the_loop():
     assert result["steps"] == 2 and math.isfinite(result["train_loss"])
 
 
+@pytest.mark.slow  # 75 s on 2 cores; the mimicry chain itself: test_train_loop.py (FMNIST reference run)
 def test_cifar10_vgg11_norm_matters_sweep_runs_on_mock_cifar(tmp_path):
     """The paper-setting config's sweep on TFDS mock CIFAR-10 with a narrow VGG11 (three of its six
     runs, in order): the reference leaves its recorded norms (the convs only) and the mimicry run

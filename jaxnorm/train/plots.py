@@ -129,22 +129,26 @@ def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str
     return path
 
 
+_MAX_LAYERS_NAMED = 6  # beyond this many kernels a run's lines are drawn thin, with one legend entry
+
+
 def _weight_norm_figure(runs: Mapping[str, Records], path: str, title: str) -> str | None:
-    """Mean per-unit weight norm of every kernel: one color per run, one line style per layer."""
+    """Mean per-unit weight norm of every kernel: one color per run; one line style and legend entry per
+    layer, or, for deep models (more than 6 kernels), thin lines and one legend entry per run."""
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     for i, (name, records) in enumerate(runs.items()):
         keys = sorted({k for r in records for k in r if k.startswith("wnorm/")})
+        named = len(keys) <= _MAX_LAYERS_NAMED
         for j, key in enumerate(keys):
             steps, values = _series(records, "train", key)
             layer = key[len("wnorm/") :].removesuffix("/kernel")
-            ax.plot(
-                steps,
-                values,
-                color=_color(i),
-                linestyle=_LINESTYLES[j % len(_LINESTYLES)],
-                label=f"{name} {layer}".strip(),
-            )
+            if named:
+                style, label = dict(linestyle=_LINESTYLES[j % len(_LINESTYLES)]), f"{name} {layer}"
+            else:
+                label = f"{name} ({len(keys)} kernels)" if j == 0 else None
+                style = dict(linewidth=0.6, alpha=0.6)
+            ax.plot(steps, values, color=_color(i), label=label.strip() if label else None, **style)
             drawn = True
     if not drawn:
         plt.close(fig)
