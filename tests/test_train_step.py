@@ -171,3 +171,48 @@ def test_running_statistics_update_in_float32_under_low_precision(precision):
     new, _ = step(state, {"image": x, "label": jnp.zeros((4,), jnp.int32)})
     assert new.model_state["batch_stats"]["avg"].dtype == jnp.float32
     assert float(new.model_state["batch_stats"]["avg"]) == pytest.approx(1.00001, abs=1e-6)
+
+
+class NoBiasBNNet(nn.Module):
+    """A kernel feeding a BatchNorm directly: its rescaling is exact for BN's running statistics."""
+
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.Dense(8, use_bias=False, kernel_init=nn.initializers.normal(5.0))(x.reshape(x.shape[0], -1))
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.5, epsilon=1e-9)(x)
+        return nn.Dense(3)(nn.relu(x))
+
+
+def test_rescaling_steps_carry_the_running_statistics_along():
+    """WRS divides the hidden kernel by s ~ 10 at the first update (lr 0, so nothing else moves): with
+    the loop's transport the eval-mode logits are those of the unrescaled network; without it they jump."""
+    from jaxnorm import optim
+    from jaxnorm.train.setup import batch_stats_transport
+
+    rng = np.random.default_rng(2)
+    batch = {"image": jnp.asarray(rng.normal(1.0, 2.0, (32, 4)), jnp.float32),
+             "label": jnp.asarray(rng.integers(0, 3, 32), jnp.int32)}
+    model = NoBiasBNNet()
+    init = lambda tx: create_train_state(model.init, tx, jax.random.PRNGKey(0), batch["image"][:1])
+    hidden_only = lambda params: {k: jax.tree.map(lambda _: k == "Dense_0", v) for k, v in params.items()}
+    wrs = optax.chain(optax.sgd(0.0), optim.weight_rescaling(1, mask=hidden_only))
+    state = init(wrs)
+    transport = batch_stats_transport({}, model=model, images=batch["image"], opt_state=state.opt_state)
+    assert transport is not None
+    assert batch_stats_transport({"transport_batch_stats": False}, model=model, images=batch["image"],
+                                 opt_state=state.opt_state) is None
+    plain_state = init(optax.sgd(0.0))
+    assert batch_stats_transport({}, model=model, images=batch["image"],
+                                 opt_state=plain_state.opt_state) is None  # nothing rescales
+
+    def eval_logits(s):
+        return model.apply({"params": s.params, **s.model_state}, batch["image"], train=False)
+
+    reference, _ = make_train_step(model.apply, optax.sgd(0.0))(plain_state, batch)
+    carried, _ = make_train_step(model.apply, wrs, stats_transport=transport)(state, batch)
+    stale, _ = make_train_step(model.apply, wrs)(state, batch)
+    norms = jnp.linalg.norm(carried.params["Dense_0"]["kernel"], axis=0)
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)  # WRS did rescale, by about 10
+    assert float(jnp.linalg.norm(state.params["Dense_0"]["kernel"], axis=0).min()) > 3
+    np.testing.assert_allclose(eval_logits(carried), eval_logits(reference), rtol=1e-4, atol=1e-4)
+    assert float(jnp.abs(eval_logits(stale) - eval_logits(reference)).max()) > 0.1

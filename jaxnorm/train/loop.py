@@ -43,7 +43,7 @@ from jaxnorm.train.run_record import (
     read_json,
     write_json,
 )
-from jaxnorm.train.setup import build_optimizer, with_enorm_spec
+from jaxnorm.train.setup import batch_stats_transport, build_optimizer, with_enorm_spec
 from jaxnorm.train.sharding import DataParallel
 from jaxnorm.train.state import TrainState, create_train_state
 from jaxnorm.train.step import make_eval_step, make_train_step
@@ -102,6 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
                 "weight_decay": 0.0,
                 "weight_decay_mask": "kernels",
                 "accumulate_steps": 1,
+                "transport_batch_stats": True,
             },
         }
     )
@@ -211,7 +212,15 @@ def train(
     if start >= steps:
         ckpt.close()
         return _recorded_result(workdir, parallel.to_host(state), steps, report)
-    run_steps = _make_steps(model, tx, schedule, cfg, parallel)
+    transport = batch_stats_transport(
+        cfg.optimizer,
+        model=model,
+        images=images,
+        opt_state=state.opt_state,
+        axis_name=parallel.axis_name,
+        invariance_model=invariance_model,
+    )
+    run_steps = _make_steps(model, tx, schedule, cfg, parallel, transport)
     result = _loop(cfg, parallel, run_steps, state, train_data, eval_data, workdir, ckpt, start, steps)
     if workdir is not None and primary:
         _write_outputs(workdir, cfg, result)
@@ -271,7 +280,9 @@ class _Steps(NamedTuple):
     eval: Any
 
 
-def _make_steps(model, tx, schedule, cfg: ml_collections.ConfigDict, parallel: DataParallel) -> _Steps:
+def _make_steps(
+    model, tx, schedule, cfg: ml_collections.ConfigDict, parallel: DataParallel, stats_transport=None
+) -> _Steps:
     """The compiled train and eval steps."""
     train_step = make_train_step(
         model.apply,
@@ -281,6 +292,7 @@ def _make_steps(model, tx, schedule, cfg: ml_collections.ConfigDict, parallel: D
         precision=cfg.precision,
         axis_name=parallel.axis_name,
         grad_norm=cfg.log_grad_norm,
+        stats_transport=stats_transport,
     )
     eval_step = make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
     return _Steps(parallel.compile_train_step(train_step), parallel.compile_eval_step(eval_step))

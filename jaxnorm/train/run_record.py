@@ -59,6 +59,13 @@ EXECUTION_KEYS = (
     "num_steps",
     "num_epochs",
 )
+# Keys added to the loop's defaults after runs were recorded without them: a recorded run that lacks
+# one ran with the behaviour of this value, so absent and this value compare equal.
+ADDED_DEFAULTS: dict[str, Any] = {
+    # BN running statistics follow the kernels rescaling wrappers divide (added 2026-11-24). Runs
+    # recorded before computed without it; resuming them continues with it.
+    "optimizer.transport_batch_stats": True,
+}
 # What a restart discards.
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", SUMMARY_FILE, "recorded_norms.npz")
 
@@ -112,6 +119,9 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
     """``{dotted key: (old value, new value)}`` for every key that changes what the run computes
     (absent values are ``None``)."""
     a, b = _flatten(config_dict(old)), _flatten(config_dict(new))
+    for flat in (a, b):
+        for key, value in ADDED_DEFAULTS.items():
+            flat.setdefault(key, value)
     return {
         k: (a.get(k), b.get(k))
         for k in sorted(set(a) | set(b))

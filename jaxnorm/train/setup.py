@@ -4,12 +4,13 @@ Some optimizer wrappers need more than the config: ``enorm`` a spec of the netwo
 symmetries (traced with :func:`jaxnorm.enorm.discover` when the params are not a plain chain), the
 Norm-matters wrappers masked ``"scale_invariant"`` the model's scale-invariant kernels (traced on a
 batch), and ``wd_mimicry`` the norms a reference run recorded. :func:`build_optimizer` resolves them
-and calls :func:`jaxnorm.train.optimizers.make_optimizer`.
+and calls :func:`jaxnorm.train.optimizers.make_optimizer`. :func:`batch_stats_transport` gives the step
+the map that moves BatchNorm running statistics with the kernels a rescaling wrapper divides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -112,6 +113,46 @@ def scale_invariant_mask_for(
             "use mask 'kernels'"
         )
     return mask
+
+
+def batch_stats_transport(
+    optimizer: Mapping[str, Any],
+    *,
+    model: Any,
+    images: jax.Array,
+    opt_state: PyTree,
+    axis_name: str | None = None,
+    invariance_model: Any = None,
+) -> Callable[[PyTree, PyTree], PyTree] | None:
+    """``transport(batch_stats, opt_state) -> batch_stats`` that keeps BatchNorm's running statistics
+    in step with the kernels a rescaling wrapper (``wrs``, ``wrs_state``, ``bwn``, ``norm_schedule``,
+    ``norm_schedule_from_lr``, a ``window`` of WRS) divided by ``s`` at the last update: the linked
+    running mean becomes ``mean / s`` and the variance ``var / s**2``, so eval-mode outputs do not
+    jump at a rescaling step (:func:`jaxnorm.enorm.transport_batch_stats`; the links are traced once
+    by :func:`jaxnorm.enorm.batch_stats_map` in eval mode on one example). ``None`` (nothing to do)
+    when ``optimizer.transport_batch_stats`` is off, no wrapper rescales (``opt_state`` holds no
+    rescaling state) or no kernel feeds a BatchNorm exactly. Under pmap the trace runs on
+    ``invariance_model`` (the network without the BN ``axis_name``)."""
+    if not optimizer.get("transport_batch_stats", True):
+        return None
+    from jaxnorm.enorm import batch_stats_map, transport_batch_stats
+    from jaxnorm.optim import last_scales
+
+    try:
+        last_scales(opt_state)
+    except ValueError:  # no wrapper rescales the kernels
+        return None
+    if axis_name is not None and invariance_model is not None:
+        model = invariance_model
+    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    if "batch_stats" not in variables:
+        return None
+    stats_map = batch_stats_map(
+        lambda v, x: model.apply(v, x, train=False), dict(variables), images[:1]
+    )
+    if not stats_map:
+        return None
+    return lambda stats, state: transport_batch_stats(stats, last_scales(state), stats_map)
 
 
 def reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:

@@ -61,6 +61,7 @@ def make_train_step(
     precision: str = "float32",
     axis_name: str | None = None,
     grad_norm: bool = False,
+    stats_transport: Callable[[PyTree, PyTree], PyTree] | None = None,
 ) -> StepFn:
     """Returns ``train_step(state, batch) -> (new_state, metrics)``.
 
@@ -74,8 +75,11 @@ def make_train_step(
         (the statistics are passed to the model uncast, so their running averages update in float32).
         ``float16`` scales the loss dynamically and skips updates whose gradients overflow.
       axis_name: the pmap axis name, or ``None`` under jit.
-      grad_norm: also report the global gradient norm (off by default: on a small model on CPU
-        the extra reduction costs about 5 % of the step).
+      grad_norm: also report the global gradient norm (off by default: it is one more reduction
+        over every gradient).
+      stats_transport: ``(batch_stats, new opt_state) -> batch_stats``, applied to the updated
+        running statistics after the optimizer's update (e.g. :func:`jaxnorm.train.setup.
+        batch_stats_transport`: BN statistics follow the kernels a rescaling wrapper divided).
 
     Metrics: ``loss``, ``accuracy``, ``lr`` (with ``schedule``), ``grad_norm`` (if asked; of the
     unscaled gradient), ``loss_scale`` (float16 only).
@@ -115,6 +119,11 @@ def make_train_step(
             grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if stats_transport is not None and "batch_stats" in new_model_state:
+            new_model_state = {
+                **new_model_state,
+                "batch_stats": stats_transport(new_model_state["batch_stats"], opt_state),
+            }
         loss_scale = state.loss_scale
         if scaled:
             finite = all_finite(grads)
