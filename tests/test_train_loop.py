@@ -257,3 +257,39 @@ def test_scale_invariant_mask_errors_instead_of_selecting_nothing():
 
     with pytest.raises(ValueError, match="no kernel of this model is scale invariant"):
         scale_invariant_mask_for(NoBN(), images, None)
+
+
+class DataInitNet(nn.Module):
+    """Weight norm with Salimans & Kingma's data-dependent init: the params depend on init's batch."""
+
+    @nn.compact
+    def __call__(self, x, train):
+        from jaxnorm import nn as jnn
+
+        h = jnn.WeightNormDense(5, g_init="data")(x.reshape(x.shape[0], -1))
+        return nn.Dense(3)(nn.relu(h))
+
+
+def test_init_examples_gives_data_dependent_inits_a_real_batch():
+    """``init_examples`` first examples of the first batch reach ``model.init``: with 64 of them the
+    data-dependent init standardises the first layer's pre-activations over those 64 (mean 0, std 1
+    per unit, Sec. 3 of Salimans & Kingma); with the default 1 weight norm refuses. Bad values are named."""
+    train_src, _ = _sources()
+    first = next(iter(train_src.epoch(0)))["image"]
+    config = {"num_steps": 1, "progress": False, "optimizer": {"name": "sgd", "learning_rate": 0.0}}
+    model = DataInitNet()
+
+    def hidden(n):
+        params = train({**config, "init_examples": n}, model=model, train_data=train_src).state.params
+        pre = model.apply({"params": params}, first[:64], train=False, capture_intermediates=True)
+        return np.asarray(pre[1]["intermediates"]["WeightNormDense_0"]["__call__"][0], np.float64)
+
+    h = hidden(64)
+    np.testing.assert_allclose(h.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(h.std(0), 1.0, rtol=1e-3)
+    assert np.abs(hidden(8).std(0) - 1).max() > 0.05  # standardised over 8 examples, not these 64
+    with pytest.raises(ValueError, match="at least 2 examples"):
+        hidden(1)  # the default: weight norm's own error, not a silently degenerate init
+    for bad in (0, 65, True):  # (a float is refused by ml_collections: the field is an int)
+        with pytest.raises(ValueError, match=r"config.init_examples must be an int in \[1, 64\]"):
+            train({**config, "init_examples": bad}, model=model, train_data=train_src)

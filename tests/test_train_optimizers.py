@@ -70,6 +70,7 @@ def _params():
         ("bn_scales", {"bn_0/scale", "final_bn/scale"}),
         ("last_layer", {"head/kernel", "head/bias"}),
         ("last_kernel", {"head/kernel"}),
+        ("hidden_kernels", {"conv_0/kernel"}),
     ],
 )
 def test_weight_decay_masks(name, selected):

@@ -94,6 +94,7 @@ def default_config() -> ml_collections.ConfigDict:
             "tensorboard": False,
             "plots": True,
             "on_existing": "resume",
+            "init_examples": 1,
             "optimizer": {
                 "name": "momentum",
                 "learning_rate": 0.1,
@@ -194,7 +195,7 @@ def train(
             model.init,
             tx,
             jax.random.PRNGKey(cfg.seed),
-            images[:1],
+            _init_images(images, cfg.init_examples),
             loss_scale=initial_loss_scale(cfg.precision),
         )
     )
@@ -261,6 +262,20 @@ def _first_images(source: BatchSource) -> np.ndarray:
     if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
         first_epoch.close()
     return images
+
+
+def _init_images(images: np.ndarray, count: Any) -> np.ndarray:
+    """The first ``count`` images of the first batch: what ``model.init`` sees (data-dependent
+    initialisations such as weight norm's, Salimans & Kingma 2016 Sec. 2.2, use them). More than one
+    needs a single process: each process's first batch differs, and so would its initial params."""
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or not 1 <= count <= len(images):
+        raise ValueError(
+            f"config.init_examples must be an int in [1, {len(images)}] (this process's batch), got {count!r}")
+    if count > 1 and jax.process_count() > 1:
+        raise ValueError(
+            f"config.init_examples={count} with {jax.process_count()} processes: each process would init "
+            "on its own examples and the initial params would differ; use 1 (data-independent init)")
+    return images[: int(count)]
 
 
 def _recorded_result(workdir: str, host_state: TrainState, steps: int, report) -> RunResult:

@@ -7,7 +7,7 @@
     learning_rate, momentum, b1, b2, eps
     schedule: constant | step | cosine | linear | quadratic ; warmup_steps, boundaries (fractions of the
       run), decay_factor, end_value
-    weight_decay, weight_decay_mask: all | kernels | bn_scales | last_layer | last_kernel
+    weight_decay, weight_decay_mask: all | kernels | hidden_kernels | bn_scales | last_layer | last_kernel
     grad_clip_norm (0 = off), accumulate_steps (optax.MultiSteps)
     wrappers: names from WRAPPERS, applied in order; wrapper_kwargs: {name: {kwarg: value}}
       (a wrapper's ``mask``: kernels | scale_invariant)
@@ -33,7 +33,7 @@ PyTree = Any
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "linear", "quadratic")
-WEIGHT_DECAY_MASKS = ("all", "kernels", "bn_scales", "last_layer", "last_kernel")
+WEIGHT_DECAY_MASKS = ("all", "kernels", "hidden_kernels", "bn_scales", "last_layer", "last_kernel")
 MASKS = ("kernels", "scale_invariant")
 """Values of a wrapper's ``mask`` kwarg: every kernel (rank >= 2 leaf), or the scale-invariant ones
 (kernels whose units feed a BatchNorm, found by tracing the model; the training loop supplies them)."""
@@ -88,7 +88,8 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
     ``all``: every leaf; ``kernels``: every leaf with ``ndim >= 2`` (Dense / Conv kernels, weight-norm
     directions); ``bn_scales``: the ``scale`` leaves of normalization layers (BN gammas); ``last_layer``:
     the leaves of the last module (in creation order) that owns a kernel, i.e. the classifier;
-    ``last_kernel``: that module's kernel only (the classifier's share of ``kernels``).
+    ``last_kernel``: that module's kernel only (the classifier's share of ``kernels``);
+    ``hidden_kernels``: ``kernels`` without ``last_kernel`` (the hidden layers' kernels).
     """
     _choice(name, WEIGHT_DECAY_MASKS, "optimizer.weight_decay_mask")
 
@@ -107,6 +108,8 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
             last = owners[-1]
             if name == "last_kernel":
                 sel = {k: k[:-1] == last and flat[k].ndim >= 2 for k in flat}
+            elif name == "hidden_kernels":
+                sel = {k: k[:-1] != last and flat[k].ndim >= 2 for k in flat}
             else:
                 sel = {k: k[: len(last)] == last for k in flat}
         return traverse_util.unflatten_dict(sel)

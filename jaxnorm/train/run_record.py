@@ -65,6 +65,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     # BN running statistics follow the kernels rescaling wrappers divide (added 2026-11-24). Runs
     # recorded before computed without it; resuming them continues with it.
     "optimizer.transport_batch_stats": True,
+    "init_examples": 1,  # model.init's examples of the first batch (added 2026-11-24)
 }
 # What a restart discards.
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", SUMMARY_FILE, "recorded_norms.npz")
