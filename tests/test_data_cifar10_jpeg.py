@@ -31,7 +31,7 @@ def test_archive_argument_errors(tmp_path, monkeypatch):
     monkeypatch.delenv(cifar10_jpeg.ARCHIVE_ENV, raising=False)
     with pytest.raises(data.DatasetNotFoundError, match="archive must name"):
         data.prepare_cifar10_jpeg(data_dir=tmp_path)
-    with pytest.raises(data.DatasetNotFoundError, match="archive=.*is not a file"):
+    with pytest.raises(data.DatasetNotFoundError, match=r"archive=.*is not a file"):
         data.prepare_cifar10_jpeg(tmp_path / "nothing.tar.gz", tmp_path)
     short = _archive(tmp_path / "short.tar.gz", {"train": 2, "test": 1})
     with pytest.raises(ValueError, match=r"not the CIFAR-10 JPEG copy.*test/airplane: 1"):

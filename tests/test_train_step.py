@@ -194,7 +194,9 @@ def test_rescaling_steps_carry_the_running_statistics_along():
              "label": jnp.asarray(rng.integers(0, 3, 32), jnp.int32)}
     model = NoBiasBNNet()
     init = lambda tx: create_train_state(model.init, tx, jax.random.PRNGKey(0), batch["image"][:1])
-    hidden_only = lambda params: {k: jax.tree.map(lambda _: k == "Dense_0", v) for k, v in params.items()}
+    def hidden_only(params):
+        return {name: jax.tree.map(lambda _, n=name: n == "Dense_0", v) for name, v in params.items()}
+
     wrs = optax.chain(optax.sgd(0.0), optim.weight_rescaling(1, mask=hidden_only))
     state = init(wrs)
     transport = batch_stats_transport({}, model=model, images=batch["image"], opt_state=state.opt_state)

@@ -9,8 +9,8 @@ serves any in-memory arrays the same way (the training loop's ``jaxnorm.train.Ar
 from jaxnorm.data.arrays import ArrayDataset, ArraySource, standardize
 from jaxnorm.data.augment import center_crop, random_crop, random_flip
 from jaxnorm.data.base import Dataset
-from jaxnorm.data.cifar10_jpeg import prepare_cifar10_jpeg
 from jaxnorm.data.catalog import AUGMENTATIONS, DatasetInfo, info, names, resolve_augment
+from jaxnorm.data.cifar10_jpeg import prepare_cifar10_jpeg
 from jaxnorm.data.fashion_mnist import prepare_fashion_mnist
 from jaxnorm.data.paths import DATA_DIR_ENV, DatasetNotFoundError, resolve_data_dir
 from jaxnorm.data.pipeline import load

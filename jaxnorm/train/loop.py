@@ -270,11 +270,13 @@ def _init_images(images: np.ndarray, count: Any) -> np.ndarray:
     needs a single process: each process's first batch differs, and so would its initial params."""
     if isinstance(count, bool) or not isinstance(count, int | np.integer) or not 1 <= count <= len(images):
         raise ValueError(
-            f"config.init_examples must be an int in [1, {len(images)}] (this process's batch), got {count!r}")
+            f"config.init_examples must be an int in [1, {len(images)}] (this process's batch), got {count!r}"
+        )
     if count > 1 and jax.process_count() > 1:
         raise ValueError(
             f"config.init_examples={count} with {jax.process_count()} processes: each process would init "
-            "on its own examples and the initial params would differ; use 1 (data-independent init)")
+            "on its own examples and the initial params would differ; use 1 (data-independent init)"
+        )
     return images[: int(count)]
 
 

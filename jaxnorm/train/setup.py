@@ -147,9 +147,7 @@ def batch_stats_transport(
     variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
     if "batch_stats" not in variables:
         return None
-    stats_map = batch_stats_map(
-        lambda v, x: model.apply(v, x, train=False), dict(variables), images[:1]
-    )
+    stats_map = batch_stats_map(lambda v, x: model.apply(v, x, train=False), dict(variables), images[:1])
     if not stats_map:
         return None
     return lambda stats, state: transport_batch_stats(stats, last_scales(state), stats_map)
