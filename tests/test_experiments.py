@@ -133,7 +133,7 @@ def test_pmap_model_twin_has_per_device_statistics():
     model_variables = model.init(jax.random.PRNGKey(0), x, train=False)
     assert jax.tree.structure(variables) == jax.tree.structure(model_variables)
     twin.apply(variables, x, train=True, mutable=["batch_stats"])
-    with pytest.raises(ValueError, match="axis_name=.batch. is not bound"):  # unbound axis name outside pmap
+    with pytest.raises(ValueError, match=r"axis_name=.batch. is not bound"):  # unbound axis name outside pmap
         model.apply(variables, x, train=True, mutable=["batch_stats"])
 
 
