@@ -308,3 +308,58 @@ def test_gradient_predictiveness_on_quadratic(x64):
     np.testing.assert_allclose(result.loss_variation, np.ptp(expected_losses), rtol=1e-10)
     with pytest.raises(ValueError, match="positive"):
         dg.gradient_predictiveness(loss, params, step_sizes=[0.1, -0.1])
+
+
+def _equilibrium_angle_by_simulation(optimizer, eta, lam, beta, *, dim=400, seed=0):
+    """Mean per-step angle of a scale-invariant unit in float64 NumPy: gradients orthogonal to w, of
+    norm 1 / ||w||, in fresh random directions (the random-walk model), run for 10 / (eta lam) steps
+    (the transient is a few 1 / (eta lam)); the mean over the last fifth."""
+    rng = np.random.default_rng(seed)
+    w, m, v = rng.normal(size=dim), np.zeros(dim), np.zeros(dim)
+    steps = int(10 / (eta * lam))
+    angles = []
+    for t in range(steps):
+        g = rng.normal(size=dim)
+        g -= (g @ w) / (w @ w) * w
+        g /= np.linalg.norm(g) * np.linalg.norm(w)
+        old = w
+        if optimizer == "sgd":  # optax.chain(add_decayed_weights(lam), sgd(eta, momentum=beta))
+            m = beta * m + g + lam * w
+            w = w - eta * m
+        else:  # optax.adamw(eta, b1=beta, b2=0.999, eps=0, weight_decay=lam)
+            m = beta * m + (1 - beta) * g
+            v = 0.999 * v + 0.001 * g * g
+            update = (m / (1 - beta ** (t + 1))) / np.sqrt(v / (1 - 0.999 ** (t + 1)))
+            w = w - eta * (update + lam * w)
+        cos = old @ w / (np.linalg.norm(old) * np.linalg.norm(w))
+        angles.append(np.arccos(min(cos, 1.0)))
+    return float(np.mean(angles[-steps // 5 :]))
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "eta", "lam", "beta"),
+    [("sgd", 0.1, 0.01, 0.9), ("sgd", 0.2, 0.02, 0.0), ("adamw", 0.01, 0.1, 0.0), ("adamw", 0.01, 0.1, 0.9)],
+)
+def test_equilibrium_angle_is_the_random_walk_equilibrium(optimizer, eta, lam, beta):
+    """Kosson et al.'s sqrt(2 eta lam / (1 + beta)) (SGD) and sqrt(2 eta lam (1 - b1) / (1 + b1))
+    (AdamW; sqrt(2 eta lam) at b1 = 0) against a float64 simulation of the optimizers."""
+    predicted = dg.equilibrium_angular_update(eta, lam, momentum=beta, optimizer=optimizer)
+    expected = np.sqrt(2 * eta * lam * ((1 - beta) if optimizer == "adamw" else 1) / (1 + beta))
+    assert predicted == pytest.approx(expected, rel=1e-15)
+    measured = _equilibrium_angle_by_simulation(optimizer, eta, lam, beta)
+    assert measured == pytest.approx(predicted, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(learning_rate=-0.1, weight_decay=1e-4), "learning_rate must be a finite number >= 0"),
+        (dict(learning_rate=0.1, weight_decay=float("nan")), "weight_decay must be a finite number"),
+        (dict(learning_rate=0.1, weight_decay=1e-4, momentum=1.0), r"momentum must be in \[0, 1\)"),
+        (dict(learning_rate="0.1", weight_decay=1e-4), "learning_rate must be a finite number"),
+        (dict(learning_rate=0.1, weight_decay=1e-4, optimizer="adam"), "optimizer must be one of"),
+    ],
+)
+def test_equilibrium_angle_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dg.equilibrium_angular_update(**kwargs)

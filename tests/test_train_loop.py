@@ -293,3 +293,23 @@ def test_init_examples_gives_data_dependent_inits_a_real_batch():
     for bad in (0, 65, True):  # (a float is refused by ml_collections: the field is an int)
         with pytest.raises(ValueError, match=r"config.init_examples must be an int in \[1, 64\]"):
             train({**config, "init_examples": bad}, model=model, train_data=train_src)
+
+
+def test_angular_update_records_and_the_equilibrium_prediction():
+    """``log_angular_update``: every train record holds ``angle/<kernel>``, the mean angle the units
+    turned in that update (checked against jaxnorm.diagnostics.angular_update on the params before and
+    after one step), and ``angle_eq`` = sqrt(2 lr wd / (1 + momentum)) at the record's lr."""
+    from jaxnorm import diagnostics
+
+    train_src, _ = _sources()
+    config = {**CONFIG, "num_steps": 3, "log_every": 1, "checkpoint_every": 0, "log_angular_update": True}
+    runs = {n: train({**config, "num_steps": n}, model=Net(), train_data=train_src) for n in (1, 2)}
+    records = [r for r in runs[2].history if r.get("split") == "train"]
+    assert [r["step"] for r in records] == [1, 2]  # a record's step counts the updates made
+    before, after = runs[1].state.params, runs[2].state.params  # the params around update 2
+    expected = diagnostics.angular_update(before, after)["Conv_0"]["kernel"].mean()
+    assert records[1]["angle/Conv_0/kernel"] == pytest.approx(float(expected), rel=1e-4)
+    assert records[1]["angle/Dense_0/kernel"] > 0
+    for record in records:
+        lr, opt = record["lr"], CONFIG["optimizer"]
+        assert record["angle_eq"] == pytest.approx(np.sqrt(2 * lr * opt["weight_decay"] / 1.9), rel=1e-12)

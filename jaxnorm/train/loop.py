@@ -12,8 +12,9 @@ later ``wd_mimicry`` run.
 Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_steps`` (or
 ``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
 each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``log_grad_norm``,
-``progress``, ``tensorboard``, ``plots``, ``on_existing`` (what to do with a workdir that holds a run:
-``resume`` | ``extend`` | ``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
+``log_angular_update`` (``angle/<layer>`` per step and, for SGD / momentum / AdamW with weight decay,
+the rotational-equilibrium prediction ``angle_eq``), ``init_examples``, ``progress``, ``tensorboard``,
+``plots``, ``on_existing`` (what to do with a workdir that holds a run: | ``extend`` | ``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import numpy as np
 from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
 from jaxnorm.train.data import BatchSource
-from jaxnorm.train.metrics import MetricsWriter, progress_bar, read_jsonl, weight_norm_metrics
+from jaxnorm.train.metrics import (
+    MetricsWriter,
+    equilibrium_angle,
+    progress_bar,
+    read_jsonl,
+    weight_norm_metrics,
+)
 from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 from jaxnorm.train.precision import initial_loss_scale
 from jaxnorm.train.run_record import (
@@ -90,6 +97,7 @@ def default_config() -> ml_collections.ConfigDict:
             "max_to_keep": 2,
             "weight_norms": True,
             "log_grad_norm": False,
+            "log_angular_update": False,
             "progress": True,
             "tensorboard": False,
             "plots": True,
@@ -310,6 +318,7 @@ def _make_steps(
         axis_name=parallel.axis_name,
         grad_norm=cfg.log_grad_norm,
         stats_transport=stats_transport,
+        angular_update=cfg.log_angular_update,
     )
     eval_step = make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
     return _Steps(parallel.compile_train_step(train_step), parallel.compile_eval_step(eval_step))
@@ -346,6 +355,10 @@ def _loop(
             record = {k: float(v) for k, v in m.items()}
             if s == pending[-1][0] and cfg.weight_norms:
                 record.update(weight_norm_metrics(parallel.unreplicate(params_state.params), record["lr"]))
+            if cfg.log_angular_update and "lr" in record:
+                predicted = equilibrium_angle(cfg.optimizer, record["lr"])
+                if predicted is not None:
+                    record["angle_eq"] = predicted
             history.append(writer.write(s, record))
         pending.clear()
 

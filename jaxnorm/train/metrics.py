@@ -44,6 +44,32 @@ def layer_unit_norms(params: PyTree) -> dict[str, tuple[jax.Array, jax.Array]]:
 _layer_unit_norms = jax.jit(layer_unit_norms)
 
 
+def layer_angular_updates(params: PyTree, new_params: PyTree) -> dict[str, jax.Array]:
+    """``{"angle/<layer>": mean over units of the angle (radians) each unit turned}`` for every kernel
+    (``ndim >= 2``), between ``params`` and ``new_params`` (:func:`jaxnorm.diagnostics.angular_update`);
+    jit-able, so the train step computes it on device."""
+    from jaxnorm.diagnostics import angular_update
+
+    angles = angular_update(params, new_params)
+    flat = traverse_util.flatten_dict(angles) if isinstance(angles, dict) else {}
+    return {"angle/" + "/".join(map(str, path)): a.mean() for path, a in flat.items() if a is not None}
+
+
+def equilibrium_angle(optimizer: Mapping[str, Any], lr: float) -> float | None:
+    """The rotational-equilibrium angle per step (:func:`jaxnorm.diagnostics.equilibrium_angular_update`)
+    for the loop's ``optimizer`` block at learning rate ``lr``: SGD / heavy-ball momentum with L2
+    weight decay, AdamW with decoupled decay; ``None`` for other optimizers or without weight decay."""
+    from jaxnorm.diagnostics import equilibrium_angular_update
+
+    name, wd = optimizer.get("name", "momentum"), float(optimizer.get("weight_decay", 0.0) or 0.0)
+    if wd <= 0 or name not in ("sgd", "momentum", "adamw"):
+        return None
+    if name == "adamw":
+        return equilibrium_angular_update(lr, wd, momentum=float(optimizer.get("b1", 0.9)), optimizer="adamw")
+    beta = float(optimizer.get("momentum", 0.9)) if name == "momentum" else 0.0
+    return equilibrium_angular_update(lr, wd, momentum=beta)
+
+
 def weight_norm_metrics(params: PyTree, lr: float) -> dict[str, float]:
     """``{"wnorm/<layer>": mean unit norm, "eff_lr/<layer>": lr / mean unit norm^2}`` as floats."""
     norms = jax.device_get(_layer_unit_norms(params))

@@ -45,6 +45,8 @@ EXECUTION_KEYS = (
     "plots",
     "tensorboard",
     "log_every",
+    "log_grad_norm",
+    "log_angular_update",
     "checkpoint_every",
     "max_to_keep",
     "workdir",

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxnorm.train.metrics import layer_angular_updates
 from jaxnorm.train.precision import adjust_loss_scale, all_finite, cast_floating, compute_dtype
 from jaxnorm.train.state import TrainState
 
@@ -62,6 +63,7 @@ def make_train_step(
     axis_name: str | None = None,
     grad_norm: bool = False,
     stats_transport: Callable[[PyTree, PyTree], PyTree] | None = None,
+    angular_update: bool = False,
 ) -> StepFn:
     """Returns ``train_step(state, batch) -> (new_state, metrics)``.
 
@@ -80,6 +82,8 @@ def make_train_step(
       stats_transport: ``(batch_stats, new opt_state) -> batch_stats``, applied to the updated
         running statistics after the optimizer's update (e.g. :func:`jaxnorm.train.setup.
         batch_stats_transport`: BN statistics follow the kernels a rescaling wrapper divided).
+      angular_update: also report ``angle/<layer>``, the mean angle (radians) the units of every
+        kernel turned in this update (:func:`jaxnorm.train.metrics.layer_angular_updates`).
 
     Metrics: ``loss``, ``accuracy``, ``lr`` (with ``schedule``), ``grad_norm`` (if asked; of the
     unscaled gradient), ``loss_scale`` (float16 only).
@@ -135,6 +139,8 @@ def make_train_step(
         metrics = {"loss": loss, "accuracy": accuracy}
         if grad_norm:
             metrics["grad_norm"] = optax.tree.norm(grads)
+        if angular_update:
+            metrics.update(layer_angular_updates(state.params, params))
         if scaled:
             metrics["loss_scale"] = state.loss_scale.scale
         metrics = _pmean(metrics, axis_name)
