@@ -14,7 +14,8 @@ Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_step
 each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``log_grad_norm``,
 ``log_angular_update`` (``angle/<layer>`` per step and, for SGD / momentum / AdamW with weight decay,
 the rotational-equilibrium prediction ``angle_eq``), ``init_examples``, ``progress``, ``tensorboard``,
-``plots``, ``on_existing`` (what to do with a workdir that holds a run: | ``extend`` | ``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
+``plots``, ``on_existing`` (what to do with a workdir that holds a run: ``resume`` | ``extend`` |
+``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
 """
 
 from __future__ import annotations
