@@ -4,12 +4,14 @@ One concept per module: :mod:`.calibration` (Gaussian constants), :mod:`.moments
 sums, Chan merge, channel groups), :mod:`.collectives` (the cross-device reduction), :mod:`.dispersion`
 (sigma_hat per p), :mod:`.batch` (batch statistics and batch norm, :class:`~.batch.BatchOptions`),
 :mod:`.normalize` (layer / group / instance / RMS norm, NormProp), :mod:`.weight` (weight-space
-normalizations), :mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the Flax modules'
+normalizations), :mod:`.magnitude` (EDM2's magnitude-preserving blocks),
+:mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the Flax modules'
 forward passes). ``stats`` and ``activation`` are compatibility re-exports of the first ones.
 """
 
 from jaxnorm.functional.batch import batch_moments, batch_norm, batch_stats
 from jaxnorm.functional.calibration import L1_CONSTANT, expected_topk_abs_normal, linf_constant
+from jaxnorm.functional.magnitude import MP_SILU_SCALE, mp_concat, mp_normalize, mp_silu, mp_sum, mp_weight
 from jaxnorm.functional.normalize import (
     RELU_MEAN,
     RELU_STD,
@@ -33,6 +35,7 @@ from jaxnorm.functional.weight import (
 
 __all__ = [
     "L1_CONSTANT",
+    "MP_SILU_SCALE",
     "RELU_MEAN",
     "RELU_STD",
     "batch_moments",
@@ -45,6 +48,11 @@ __all__ = [
     "instance_norm",
     "layer_norm",
     "linf_constant",
+    "mp_concat",
+    "mp_normalize",
+    "mp_silu",
+    "mp_sum",
+    "mp_weight",
     "normalize",
     "normprop_relu",
     "project_to_norm",

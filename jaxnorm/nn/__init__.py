@@ -1,9 +1,12 @@
 """flax.linen modules over :mod:`jaxnorm.functional`: drop-in normalization layers and weight-space layers."""
 
+from jaxnorm.functional.magnitude import mp_concat, mp_silu, mp_sum
 from jaxnorm.nn.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from jaxnorm.nn.weight import (
     BoundedWeightNormConv,
     BoundedWeightNormDense,
+    MPConv,
+    MPDense,
     NormPropConv,
     NormPropDense,
     ScaledWeightNormConv,
@@ -20,6 +23,8 @@ __all__ = [
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
+    "MPConv",
+    "MPDense",
     "NormPropConv",
     "NormPropDense",
     "RMSNorm",
@@ -28,4 +33,7 @@ __all__ = [
     "WSConv",
     "WeightNormConv",
     "WeightNormDense",
+    "mp_concat",
+    "mp_silu",
+    "mp_sum",
 ]

@@ -22,6 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
+from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normalize import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
@@ -35,6 +36,8 @@ from jaxnorm.functional.weight import (
 __all__ = [
     "BoundedWeightNormConv",
     "BoundedWeightNormDense",
+    "MPConv",
+    "MPDense",
     "NormPropConv",
     "NormPropDense",
     "ScaledWeightNormConv",
@@ -257,3 +260,27 @@ class NormPropDense(_NormProp, _Dense):
 
 class NormPropConv(_NormProp, _Conv):
     __doc__ = "Conv normalization-propagation layer. " + _NormProp.__doc__
+
+
+class _MagnitudePreserving(nn.Module):
+    """Magnitude-preserving layer with forced weight normalization (Karras et al. 2024, EDM2, Sec. 3.2):
+    ``W = gain * v / ||v||`` per output unit (:func:`jaxnorm.functional.magnitude.mp_weight`, ``eps``
+    1e-4 on the per-element RMS), so unit-variance inputs give outputs of variance ``gain^2``. No bias
+    by default, as in EDM2. The *forced* part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
+    weights before every step, is an optimizer transform (``jaxnorm.optim``), not the layer's."""
+
+    gain: float = 1.0
+    epsilon: float = 1e-4
+
+    def _reparametrize(self, v, x):
+        return mp_weight(v, self.gain, epsilon=self.epsilon), self._bias()
+
+
+class MPDense(_MagnitudePreserving, _Dense):
+    __doc__ = "Dense layer. " + _MagnitudePreserving.__doc__
+    use_bias: bool = False
+
+
+class MPConv(_MagnitudePreserving, _Conv):
+    __doc__ = "Conv layer. " + _MagnitudePreserving.__doc__
+    use_bias: bool = False

@@ -3,11 +3,14 @@
 The NNX twins of :mod:`jaxnorm.nn`: the same class names and jaxnorm arguments, flax.nnx's constructors.
 """
 
+from jaxnorm.functional.magnitude import mp_concat, mp_silu, mp_sum
 from jaxnorm.nnx.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from jaxnorm.nnx.weight import (
     BoundedWeightNormConv,
     BoundedWeightNormDense,
     Constant,
+    MPConv,
+    MPDense,
     NormPropConv,
     NormPropDense,
     ScaledWeightNormConv,
@@ -25,6 +28,8 @@ __all__ = [
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
+    "MPConv",
+    "MPDense",
     "NormPropConv",
     "NormPropDense",
     "RMSNorm",
@@ -33,4 +38,7 @@ __all__ = [
     "WSConv",
     "WeightNormConv",
     "WeightNormDense",
+    "mp_concat",
+    "mp_silu",
+    "mp_sum",
 ]

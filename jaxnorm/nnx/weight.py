@@ -25,6 +25,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
 from jaxnorm.functional._checks import check_epsilon, check_positive_values
+from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normalize import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
@@ -40,6 +41,8 @@ __all__ = [
     "BoundedWeightNormConv",
     "BoundedWeightNormDense",
     "Constant",
+    "MPConv",
+    "MPDense",
     "NormPropConv",
     "NormPropDense",
     "ScaledWeightNormConv",
@@ -392,3 +395,51 @@ class NormPropConv(_NormProp, _Conv):
         self._init_normprop(activation, epsilon, scale_init, rngs)
 
     __doc__ = "Conv normalization-propagation layer. " + _NormProp.__doc__
+
+
+class _MagnitudePreserving:
+    """Magnitude-preserving layer with forced weight normalization (Karras et al. 2024, EDM2, Sec. 3.2):
+    ``W = gain * v / ||v||`` per output unit (:func:`jaxnorm.functional.magnitude.mp_weight`, ``eps``
+    1e-4 on the per-element RMS), so unit-variance inputs give outputs of variance ``gain^2``. No bias
+    by default, as in EDM2. The *forced* part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
+    weights before every step, is an optimizer transform (``jaxnorm.optim``), not the layer's."""
+
+    def _init_magnitude_preserving(self, gain, epsilon):
+        check_positive_values(gain, "gain")
+        self.gain = gain
+        self.epsilon = check_epsilon(epsilon)
+
+    def _effective_kernel(self):
+        return mp_weight(self.kernel[...], self.gain, epsilon=self.epsilon)
+
+
+class MPDense(_MagnitudePreserving, _Dense):
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = False,
+                 dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+                 kernel_init: Initializer = default_kernel_init, bias_init: Initializer = default_bias_init,
+                 gain: float = 1.0, epsilon: float = 1e-4, rngs: nnx.Rngs,
+                 kernel_metadata: Metadata = NO_METADATA, bias_metadata: Metadata = NO_METADATA):
+        self._init_dense(in_features, out_features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                         kernel_init=kernel_init, bias_init=bias_init, rngs=rngs,
+                         kernel_metadata=kernel_metadata, bias_metadata=bias_metadata)
+        self._init_magnitude_preserving(gain, epsilon)
+
+    __doc__ = "Dense layer. " + _MagnitudePreserving.__doc__
+
+
+class MPConv(_MagnitudePreserving, _Conv):
+    def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
+                 strides: Strides = 1, *, padding: linear.Padding = "SAME", input_dilation: Strides = 1,
+                 kernel_dilation: Strides = 1, feature_group_count: int = 1, use_bias: bool = False,
+                 dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+                 kernel_init: Initializer = default_kernel_init, bias_init: Initializer = default_bias_init,
+                 gain: float = 1.0, epsilon: float = 1e-4, rngs: nnx.Rngs,
+                 kernel_metadata: Metadata = NO_METADATA, bias_metadata: Metadata = NO_METADATA):
+        self._init_conv(in_features, out_features, kernel_size, strides, padding=padding,
+                        input_dilation=input_dilation, kernel_dilation=kernel_dilation,
+                        feature_group_count=feature_group_count, use_bias=use_bias, dtype=dtype,
+                        param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init, rngs=rngs,
+                        kernel_metadata=kernel_metadata, bias_metadata=bias_metadata)
+        self._init_magnitude_preserving(gain, epsilon)
+
+    __doc__ = "Conv layer. " + _MagnitudePreserving.__doc__
