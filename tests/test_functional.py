@@ -10,10 +10,16 @@ import oracles
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jax.test_util import check_grads
+from jax.test_util import check_grads as _check_grads
 from oracles import normal
 
 import jaxnorm.functional as F
+
+
+def check_grads(f, args, **kwargs):
+    """``jax.test_util.check_grads`` on ``jax.jit(f)``: the same finite-difference checks of the same
+    function, compiled once instead of dispatched op by op (2-3x faster on these small inputs)."""
+    _check_grads(jax.jit(f), args, **kwargs)
 
 P_VALUES = [2, 1, "inf"]
 
@@ -325,8 +331,8 @@ def test_vmap_over_differently_conditioned_inputs():
     xs = np.stack([normal((64, 3), seed=25), normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
     xs = jnp.asarray(xs.astype(np.float32))
     for p in P_VALUES:
-        norm = functools.partial(F.batch_norm, p=p, epsilon=1e-12)
-        for got, x in zip(jax.vmap(norm)(xs), xs, strict=True):
+        norm = jax.jit(functools.partial(F.batch_norm, p=p, epsilon=1e-12))
+        for got, x in zip(jax.jit(jax.vmap(norm))(xs), xs, strict=True):
             np.testing.assert_allclose(got, norm(x), rtol=1e-6, atol=1e-6)
 
 
@@ -482,9 +488,15 @@ def test_batch_norm_invariant_to_weight_scale_and_shift(scales, shift, p, seed):
     with oracles.float64():
         x = jnp.asarray(normal((32, 6), seed=seed))
         w = jnp.asarray(normal((6, 4), seed=seed + 1))
-        base = F.batch_norm(x @ w, p=p, epsilon=0.0)
-        scaled = F.batch_norm(x @ (w * jnp.asarray(scales)) + shift, p=p, epsilon=0.0)
+        base = _batch_norm(x @ w, p=p, epsilon=0.0)
+        scaled = _batch_norm(x @ (w * jnp.asarray(scales)) + shift, p=p, epsilon=0.0)
         np.testing.assert_allclose(scaled, base, rtol=1e-8, atol=1e-8)
+
+
+# compiled once per p (and per x64 mode): each hypothesis example then runs in microseconds
+_layer_norm = jax.jit(F.layer_norm, static_argnames=("p", "epsilon"))
+_group_norm = jax.jit(F.group_norm, static_argnums=1, static_argnames=("p", "epsilon"))
+_batch_norm = jax.jit(F.batch_norm, static_argnames=("p", "epsilon"))
 
 
 @given(scale=st.floats(0.01, 100.0), p=st.sampled_from(P_VALUES), seed=st.integers(0, 2**16))
@@ -492,11 +504,11 @@ def test_layer_and_group_norm_invariant_to_input_scale(scale, p, seed):
     with oracles.float64():
         x = jnp.asarray(normal((3, 4, 8), seed=seed))
         np.testing.assert_allclose(
-            F.layer_norm(scale * x, p=p, epsilon=0.0), F.layer_norm(x, p=p, epsilon=0.0), rtol=1e-8, atol=1e-8
+            _layer_norm(scale * x, p=p, epsilon=0.0), _layer_norm(x, p=p, epsilon=0.0), rtol=1e-8, atol=1e-8
         )
         np.testing.assert_allclose(
-            F.group_norm(scale * x, 2, p=p, epsilon=0.0),
-            F.group_norm(x, 2, p=p, epsilon=0.0),
+            _group_norm(scale * x, 2, p=p, epsilon=0.0),
+            _group_norm(x, 2, p=p, epsilon=0.0),
             rtol=1e-8,
             atol=1e-8,
         )
