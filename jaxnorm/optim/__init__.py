@@ -13,6 +13,15 @@ from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
 from jaxnorm.optim.projection import bwn_projection as bwn_projection
 from jaxnorm.optim.projection import norm_schedule as norm_schedule
 from jaxnorm.optim.projection import norm_schedule_from_lr as norm_schedule_from_lr
+from jaxnorm.optim.radial import NOT_PROJECTED as NOT_PROJECTED
+from jaxnorm.optim.radial import PROJECTED_LAYER as PROJECTED_LAYER
+from jaxnorm.optim.radial import PROJECTED_UNITS as PROJECTED_UNITS
+from jaxnorm.optim.radial import RadialProjectionState as RadialProjectionState
+from jaxnorm.optim.radial import RadialState as RadialState
+from jaxnorm.optim.radial import adamp as adamp
+from jaxnorm.optim.radial import project_radial as project_radial
+from jaxnorm.optim.radial import radial_projection as radial_projection
+from jaxnorm.optim.radial import sgdp as sgdp
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
 from jaxnorm.optim.scales import last_scales as last_scales
