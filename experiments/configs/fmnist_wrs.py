@@ -24,10 +24,15 @@ VARIANTS = {
     "adamw+wd": {**_ADAMW, "optimizer.weight_decay": 0.05},
     "adamw+wrs": {**_ADAMW, "optimizer.wrappers": ("wrs",), "optimizer.wrapper_kwargs": {"wrs": {"tau": 40}}},
     "adamw+bwn": {**_ADAMW, "model.norm": "bwn"},
-    "sgdm+wrs, state rescaled": {"optimizer.wrappers": ("wrs_state",),
-                                 "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 20}}},
-    "adamw+wrs, state rescaled": {**_ADAMW, "optimizer.wrappers": ("wrs_state",),
-                                  "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 40}}},
+    "sgdm+wrs, state rescaled": {
+        "optimizer.wrappers": ("wrs_state",),
+        "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 20}},
+    },
+    "adamw+wrs, state rescaled": {
+        **_ADAMW,
+        "optimizer.wrappers": ("wrs_state",),
+        "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 40}},
+    },
 }
 """grid.py variants: base optimizer x regularizer (none, WD, WRS, BWN + mean-only BN); WRS with the
 optimizer's state rescaled with the weights (``wrs_state``) vs left alone (``wrs``)."""
