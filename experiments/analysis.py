@@ -6,8 +6,8 @@ values ``x_i`` the summary prints ``mean ± s`` with the sample standard deviati
 groups ``a`` and ``b`` it prints ``mean_a - mean_b`` and the two-sided p-value of Welch's t-test
 (Welch 1947: ``t = (mean_a - mean_b) / sqrt(s_a^2 / n_a + s_b^2 / n_b)`` with the Welch–Satterthwaite
 degrees of freedom; ``scipy.stats.ttest_ind_from_stats`` with ``equal_var=False``), which needs no
-equal-variance assumption. The audit standard the verdicts follow: a difference whose p-value is
-not small (here: p >= 0.05), or that rests on one or two seeds, is *inconclusive*, not *reproduced*.
+equal-variance assumption. The audit standard the verdicts follow: a difference within noise
+(p >= 0.05, or no test possible) is *inconclusive*, not *reproduced*.
 
 Results files (``experiments/results/<name>.json``) come in two forms:
 
@@ -42,8 +42,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
 WRITEUP = os.path.join(HERE, "REPRODUCTION.md")
-SIGNIFICANCE = 0.05
-"""p-value below which a difference counts as more than noise (with at least 3 seeds a side)."""
 
 
 class Group(NamedTuple):
