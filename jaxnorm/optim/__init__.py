@@ -25,5 +25,8 @@ from jaxnorm.optim.radial import sgdp as sgdp
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
 from jaxnorm.optim.scales import last_scales as last_scales
+from jaxnorm.optim.sphere import SQRT_FAN_IN as SQRT_FAN_IN
+from jaxnorm.optim.sphere import SphereProjectionState as SphereProjectionState
+from jaxnorm.optim.sphere import sphere_projection as sphere_projection
 from jaxnorm.optim.state import register_state_rule as register_state_rule
 from jaxnorm.optim.state import rescale_state as rescale_state
