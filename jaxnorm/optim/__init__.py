@@ -8,6 +8,9 @@ from jaxnorm.optim.mimicry import WDMimicryState as WDMimicryState
 from jaxnorm.optim.mimicry import record_norms as record_norms
 from jaxnorm.optim.mimicry import reference_schedule as reference_schedule
 from jaxnorm.optim.mimicry import wd_mimicry as wd_mimicry
+from jaxnorm.optim.norm_control import DecayToNormState as DecayToNormState
+from jaxnorm.optim.norm_control import adamwn as adamwn
+from jaxnorm.optim.norm_control import decay_to_norm as decay_to_norm
 from jaxnorm.optim.projection import BWNProjectionState as BWNProjectionState
 from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
 from jaxnorm.optim.projection import bwn_projection as bwn_projection
