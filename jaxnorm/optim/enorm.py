@@ -22,15 +22,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxnorm.enorm.balance import check_c, check_cycles, check_p, enorm_balance, multipliers
+from jaxnorm.enorm.balance import (
+    check_c,
+    check_cycles,
+    check_max_scale,
+    check_p,
+    enorm_balance,
+    multipliers,
+)
 from jaxnorm.enorm.spec import Junction, chain
 from jaxnorm.optim import landing
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 from jaxnorm.optim.state import rescale_state
 
-__all__ = ["EnormState", "enorm"]
+__all__ = ["MAX_STEP_SCALE", "EnormState", "enorm"]
 
 PyTree = Any
+
+# Per update, a junction is rescaled by at most this factor (an entry by at most its square).
+MAX_STEP_SCALE = 16.0
 
 
 class EnormState(NamedTuple):
@@ -49,6 +59,7 @@ def enorm(
     cycles: int = 1,
     every: int = 1,
     count_biases: bool = False,
+    max_scale: float | None = MAX_STEP_SCALE,
 ) -> optax.GradientTransformation:
     """Wrap ``inner``: apply it, run ENorm on the resulting params, rescale its state (Eq. 10).
 
@@ -64,6 +75,16 @@ def enorm(
       spec: junctions (see :func:`jaxnorm.enorm.discover`); ``None`` infers a chain.
       p, c, cycles, count_biases: as in :func:`jaxnorm.enorm.enorm_balance`.
       every: balance after every ``every``-th update (>= 1).
+      max_scale: the largest factor by which one update rescales a junction
+        (:data:`MAX_STEP_SCALE` = 16: a weight entry, producer of one junction and consumer of
+        another, moves by at most 256x); a larger imbalance (e.g. at init) is removed over several
+        updates, each still not increasing the ENorm objective (box-constrained cycles, see
+        :func:`jaxnorm.enorm.enorm_balance`). The bound is what makes the update land: optax adds
+        ``balanced - params`` to ``params`` in float32 (at least), which is exact for bfloat16 /
+        float16 params only if no entry moves by more than ``2^12`` (power-of-two scales), and
+        within ``2^-16`` relative for float32 params only if no entry shrinks by more than ``2^8``
+        (a float32 kernel ~1e20 balanced against one ~1 in one update would land on rounding
+        noise). ``None``: unbounded (exact balancing per update, for float64 or moderate scales).
 
     Returns:
       An ``optax.GradientTransformation`` whose ``update`` requires ``params``.
@@ -92,6 +113,7 @@ def enorm(
     check_cycles(cycles, "enorm")
     check_c(c, "enorm")
     p = check_p(p, "enorm")
+    max_scale = check_max_scale(max_scale, "enorm")
     if not isinstance(count_biases, bool | np.bool_):
         raise ValueError(f"enorm: count_biases must be True or False, got {count_biases!r}")
 
@@ -114,19 +136,30 @@ def enorm(
         stepped = optax.apply_updates(params, updates)
         count = optax.safe_int32_increment(state.count)
 
-        def balance(x: PyTree):
-            return enorm_balance(
-                x, the_spec, p=p, c=c, cycles=cycles, return_scales=True, count_biases=count_biases
-            )
+        fired = count % every == 0
+        # cycles = 0 on the other updates: a loop of no iteration, no norm computed, scales 1
+        balanced, scales = enorm_balance(
+            stepped,
+            the_spec,
+            p=p,
+            c=c,
+            cycles=cycles if every == 1 else jnp.where(fired, cycles, 0),
+            return_scales=True,
+            count_biases=count_biases,
+            max_scale=max_scale,
+        )
+        factors = multipliers(stepped, the_spec, scales)
+        inner_state = rescale_state(inner_state, factors)
 
-        if every == 1:
-            balanced, scales = balance(stepped)
-        else:
-            shapes = jax.eval_shape(balance, stepped)[1]
-            skip = lambda x: (x, tuple(jnp.ones(s.shape, s.dtype) for s in shapes))
-            balanced, scales = jax.lax.cond(count % every == 0, balance, skip, stepped)
-        inner_state = rescale_state(inner_state, multipliers(stepped, the_spec, scales))
-        new_updates = jax.tree.map(landing.to_target, params, updates, balanced)
+        def leaf_update(w: jax.Array, u: jax.Array, b: jax.Array, m: jax.Array | None) -> jax.Array:
+            if m is None:  # outside the spec: the inner update as it is
+                return u
+            target = landing.to_target(w, u, b)
+            return target if every == 1 else jnp.where(fired, target, u.astype(target.dtype))
+
+        new_updates = jax.tree.map(
+            leaf_update, params, updates, balanced, factors, is_leaf=lambda x: x is None
+        )
         return new_updates, EnormState(count=count, inner_state=inner_state)
 
     return pure_transform(init_fn, update_fn)

@@ -98,7 +98,7 @@ def _check_positive(rho: Any, fn_name: str, name: str) -> None:
         if isinstance(leaf, jax.core.Tracer):
             continue
         value = np.asarray(leaf)
-        if not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
+        if not jnp.issubdtype(value.dtype, jnp.number) or value.dtype == np.bool_:  # bfloat16 too
             raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
         if np.any(~(value > 0)) or np.any(~np.isfinite(value)):
             raise ValueError(f"{fn_name}: {name} must be positive finite norms, got {leaf!r}")
