@@ -339,3 +339,64 @@ def test_p_inf_string_and_float_agree():
     b = enorm_balance(params, p=math.inf, cycles=2)
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(u, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Extreme magnitudes, exact powers of two, the max_scale box (issue 15 fuzz findings).
+
+
+def _two_layers(scale0, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"Dense_0": {"kernel": jnp.asarray(rng.normal(size=(3, 4)) * scale0, dtype)},
+            "Dense_1": {"kernel": jnp.asarray(rng.normal(size=(4, 2)), dtype)}}
+
+
+@pytest.mark.parametrize("scale0", [1e20, 1e-20, 1e30])
+@pytest.mark.parametrize("p", [2, 3.0, 1])
+def test_extreme_magnitudes_float32(scale0, p):
+    """float32 kernels ~1e20 (|w|^2 overflows float32) or ~1e-20 (underflows): the scales are the
+    float64 oracle's d = sqrt(R / L) (old code: d = 0 and NaN params for p = 2 at 1e20, d = 1, no
+    balancing, at 1e-20)."""
+    params = _two_layers(scale0)
+    balanced, (d,) = enorm_balance(params, p=p, return_scales=True)
+    w0 = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    w1 = np.asarray(params["Dense_1"]["kernel"], np.float64)
+    norm = lambda w, axis: np.sum(np.abs(w) ** p, axis=axis) ** (1 / p)
+    np.testing.assert_allclose(d, np.sqrt(norm(w1, 1) / norm(w0, 0)), rtol=1e-5)
+    for leaf in jax.tree.leaves(balanced):
+        assert np.all(np.isfinite(leaf))
+    x = np.random.default_rng(1).normal(size=(5, 3))
+    f = lambda q: np.maximum(x @ np.asarray(q["Dense_0"]["kernel"], np.float64), 0) @ np.asarray(
+        q["Dense_1"]["kernel"], np.float64)
+    assert rel_err(f(balanced), f(params)) < 1e-6
+
+
+def test_power_of_two_scales_are_exact():
+    """Half-precision junctions get exact powers of two (old code: exp(k log 2), off by an ulp for
+    |k| >= 13 on CPU)."""
+    params = _two_layers(1e9, jnp.bfloat16)
+    _, (d,) = enorm_balance(params, cycles=3, return_scales=True)
+    mantissa, _ = np.frexp(np.asarray(d, np.float64))
+    np.testing.assert_array_equal(mantissa, 0.5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_max_scale_box(dtype):
+    """max_scale keeps each junction's accumulated scale in [1/max_scale, max_scale] (powers of two
+    for bf16), no call increases the objective, and repeated calls reach the unbounded balance."""
+    params = _two_layers(1e4, dtype)
+    free = enorm_balance(params, cycles=2)
+    current, values = params, [float(objective(params))]
+    for _ in range(6):
+        current, (d,) = enorm_balance(current, cycles=2, max_scale=8.0, return_scales=True)
+        assert np.all(d >= 1 / 8) and np.all(d <= 8)
+        if dtype == jnp.bfloat16:
+            np.testing.assert_array_equal(np.frexp(np.asarray(d, np.float64))[0], 0.5)
+        values.append(float(objective(current)))
+    assert all(b <= a * (1 + 1e-6) for a, b in itertools.pairwise(values))
+    assert values[1] < values[0]
+    for a, b in zip(jax.tree.leaves(current), jax.tree.leaves(free), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2)
+    for bad in (1.0, 0.5, -2, "8", True):
+        with pytest.raises(ValueError, match="max_scale"):
+            enorm_balance(params, max_scale=bad)

@@ -205,3 +205,58 @@ _SHARDED = textwrap.dedent("""
 
 def test_sharded_params_match_single_device():
     assert "OK" in run_on_devices(_SHARDED)
+
+
+def _imbalanced(dtype, scale0):
+    rng = np.random.default_rng(3)
+    return {"Dense_0": {"kernel": jnp.asarray(rng.normal(size=(3, 5)) * scale0, dtype),
+                        "bias": jnp.asarray(rng.normal(size=5) * scale0, dtype)},
+            "Dense_1": {"kernel": jnp.asarray(rng.normal(size=(5, 4)), dtype), "bias": jnp.zeros(4, dtype)},
+            "Dense_2": {"kernel": jnp.asarray(rng.normal(size=(4, 2)), dtype), "bias": jnp.zeros(2, dtype)}}
+
+
+def _forward64(params, x):
+    q = jax.tree.map(lambda v: np.asarray(jnp.asarray(v, jnp.float32), np.float64), params)
+    for name in ("Dense_0", "Dense_1"):
+        x = np.maximum(x @ q[name]["kernel"] + q[name]["bias"], 0.0)
+    return x @ q["Dense_2"]["kernel"] + q["Dense_2"]["bias"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_update_lands_exactly(dtype):
+    """bf16 / f16 params: applying the update gives enorm_balance(stepped) bit for bit (old code:
+    the update (b - w).astype(bf16) rounded, e.g. 7 w for a scale 8)."""
+    params = _imbalanced(dtype, 20.0)
+    grads = jax.tree.map(lambda v: jnp.full_like(v, 0.01), params)
+    tx, plain = enorm(optax.sgd(0.1)), optax.sgd(0.1)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    stepped = optax.apply_updates(params, plain.update(grads, plain.init(params), params)[0])
+    want, scales = enorm_balance(stepped, return_scales=True)
+    assert all(float(jnp.max(jnp.abs(jnp.log2(s)))) <= 4 for s in scales)  # within max_scale: no box
+    new = optax.apply_updates(params, updates)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(want), strict=True):
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_float32_large_rescale_lands_within_tolerance():
+    """A float32 layer 1e6 times too large: unbounded, the first update b - p lands on rounding
+    noise (the function moves); with the default max_scale (16 per junction per update) the
+    function is kept to float32 precision and the imbalance is removed over a few updates."""
+    params = _imbalanced(jnp.float32, 1e6)
+    x = np.random.default_rng(4).normal(size=(6, 3))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    devs = {}
+    for max_scale in (None, 16.0):
+        tx, current = enorm(optax.sgd(0.1), max_scale=max_scale), params
+        state = tx.init(current)
+        for _ in range(4):
+            updates, state = tx.update(zeros, state, current)
+            current = optax.apply_updates(current, updates)
+        devs[max_scale] = rel_err(_forward64(current, x), _forward64(params, x))
+    assert devs[16.0] < 1e-5 < devs[None], devs
+    assert float(jnp.max(jnp.abs(current["Dense_0"]["kernel"]))) < 1e3  # mostly balanced by now
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
