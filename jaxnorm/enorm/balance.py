@@ -389,7 +389,9 @@ def enorm_balance(
     ``d_j = sqrt(R_j / (c L_j))`` with ``L_j`` / ``R_j`` the p-norms of the unit's incoming (producer)
     and outgoing (consumer) weights as they are after the previous updates; producers are
     multiplied by ``d_j``, consumers divided by it. Norms and scales are computed in float32 (or
-    the params' wider dtype). All cycles run in one ``lax.fori_loop``, so the whole call is a
+    the params' wider dtype), each unit first divided by the power of two at or below its largest
+    entry, so that float32 entries ~1e20 or ~1e-20 neither overflow nor underflow in ``|w|^p``.
+    All cycles run in one ``lax.fori_loop``, so the whole call is a
     single compiled computation for any ``cycles`` (also a traced one); it is compiled once per
     spec layout and reused across calls.
 
