@@ -1,5 +1,6 @@
 """optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
 
+from jaxnorm.optim.enorm import MAX_STEP_SCALE as MAX_STEP_SCALE
 from jaxnorm.optim.enorm import EnormState as EnormState
 from jaxnorm.optim.enorm import enorm as enorm
 from jaxnorm.optim.masks import scale_invariant_mask as scale_invariant_mask
