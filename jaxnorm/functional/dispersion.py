@@ -22,9 +22,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import (
-    PNorm,
-)
 from jaxnorm.functional.calibration import L1_CONSTANT, Calibration, expected_topk_abs_normal, linf_constant
 from jaxnorm.functional.collectives import AxisIndexGroups, gather_combine
 from jaxnorm.functional.moments import (
@@ -38,6 +35,7 @@ from jaxnorm.functional.moments import (
     local_moments,
     stats_dtype,
 )
+from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
 
 __all__ = [
@@ -58,16 +56,12 @@ __all__ = [
 def dispersion_moments(
     x: jnp.ndarray,
     axes: tuple[int, ...],
+    options: BatchOptions,
     *,
-    p: PNorm,
-    topk: int | None = None,
     mask: jnp.ndarray | None = None,
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
-    calibration: Calibration = "paper",
-    one_pass: bool = True,
     groups: ChannelGroups | None = None,
-    mean_only: bool = False,
 ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
     """``(mean, sigma_hat**2)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of every norm.
 
@@ -80,6 +74,9 @@ def dispersion_moments(
     L∞ takes ``max |x - mu| = max(max x - mu, mu - min x)``: two plain reductions of ``x``, no pass over
     the deviations. The dispersion itself is one small function per p (:data:`DISPERSIONS`).
     """
+    p, topk, calibration, mean_only, one_pass = (
+        options.p, options.topk, options.calibration, options.mean_only, options.use_fast_variance
+    )
     # the deviations (L1, L-inf, top-k) read x once more
     with_deviations = p != 2 and not mean_only
     moments_source, deviation_source = separate_reads(x, 2) if with_deviations else (x, x)

@@ -32,6 +32,7 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import dispersion_moments
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype
+from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct
 
 __all__ = [
@@ -219,15 +220,9 @@ def per_example_norm(
             epsilon,
         )
         return y.astype(dtype or x.dtype)
+    options = BatchOptions(p=p, use_fast_variance=use_fast_variance)
     mean, var = dispersion_moments(
-        x,
-        axes,
-        p=p,
-        mask=mask,
-        one_pass=use_fast_variance,
-        groups=groups,
-        axis_name=axis_name,
-        axis_index_groups=axis_index_groups,
+        x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
     return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
 
