@@ -23,8 +23,9 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
 from jaxnorm.functional.reduction import (
     Reduction,
+    Statistics,
     deviation_sum,
-    empty_statistics,
+    dispersion_statistics,
     exact_mean,
     masked_mean,
 )
@@ -32,7 +33,7 @@ from jaxnorm.functional.reduction import (
 __all__ = ["abs_deviation_sum", "l1_statistics"]
 
 
-def l1_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
+def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     """``(mean, sigma_hat**2)`` with the L1 ``sigma_hat``, keepdims; the mean exact for constant groups."""
     moments_source, deviations = separate_reads(r.x, 2)
     r = r._replace(deviations=deviations)
@@ -48,7 +49,7 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp
         moments = masked_mean(moments, r.mask)
         dispersion, correction = _cross_device_dispersion(moments, local_count, r)
     mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
-    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
+    return dispersion_statistics(mean, dispersion, moments.count, r.mask)
 
 
 def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
