@@ -81,14 +81,14 @@ def test_topk_over_many_rows_with_ties_matches_oracle(x64, k, masked):
 def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
     """The two-stage top-k computes deviations of the k best blocks only; its gradient (to ``x``
     through the gathered candidates and the mean) equals that of one ``top_k`` over every deviation."""
-    from jaxnorm.functional import dispersion
+    from jaxnorm.functional import dispersion_topk
 
     x = jnp.asarray(normal((16, 8, 8, 3), seed=37, scale=2.0))
     mask = None if not masked else jnp.asarray(np.random.default_rng(38).random(x.shape) < 0.7)
     ct = jnp.asarray(normal((16, 8, 8, 3), seed=39))
     loss = lambda x: jnp.sum(F.batch_norm(x, p="inf", topk=10, mask=mask) * ct)
     two_stage = jax.grad(loss)(x)
-    monkeypatch.setattr(dispersion, "_TOPK_BLOCK", 1)  # blocks of one row: one top_k over every deviation
+    monkeypatch.setattr(dispersion_topk, "TOPK_BLOCK", 1)  # blocks of one row: one top_k over every deviation
     one_stage = jax.grad(loss)(x)
     np.testing.assert_allclose(two_stage, one_stage, rtol=1e-10, atol=1e-12)
 
@@ -102,11 +102,11 @@ def test_topk_two_stage_gradient_equals_one_stage(x64, monkeypatch, masked):
 ])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_extreme_through_a_wider_view_is_the_plain_max_and_min(shape, axes, dtype):
-    from jaxnorm.functional.dispersion import _extreme
+    from jaxnorm.functional.reduction import column_extreme
 
     x = jnp.asarray(normal(shape, seed=41), dtype)
     for op in (jnp.max, jnp.min):
-        got = _extreme(x, axes, op)
+        got = column_extreme(x, axes, op)
         assert got.shape == op(x, axes, keepdims=True).shape
         np.testing.assert_array_equal(got, op(x, axes, keepdims=True))
 

@@ -1,12 +1,15 @@
 """The functional core: pure, jit-able normalization functions on arrays (no Flax, no optax).
 
 One concept per module: :mod:`.calibration` (Gaussian constants), :mod:`.moments` (mean / M2, shifted
-sums, Chan merge, channel groups), :mod:`.collectives` (the cross-device reduction), :mod:`.dispersion`
-(sigma_hat per p), :mod:`.batch` (batch statistics and batch norm, :class:`~.batch.BatchOptions`),
-:mod:`.normalize` (layer / group / instance / RMS norm, NormProp), :mod:`.weight` (weight-space
-normalizations), :mod:`.magnitude` (EDM2's magnitude-preserving blocks),
-:mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the Flax modules'
-forward passes). ``stats`` and ``activation`` are compatibility re-exports of the first ones.
+sums, Chan merge, channel groups), :mod:`.collectives` (the cross-device reduction), :mod:`.options`
+(:class:`~.options.BatchOptions`, the statistics' options as one value), :mod:`.reduction` (what a
+dispersion reduces, exact means, extremes), :mod:`.dispersion` (sigma_hat per p behind one table:
+:mod:`.dispersion_l2`, :mod:`.dispersion_l1`, :mod:`.dispersion_linf`, :mod:`.dispersion_topk`),
+:mod:`.batch` (batch statistics and batch norm), :mod:`.normalize` (layer / group / instance / RMS
+norm, NormProp), :mod:`.weight` (weight-space normalizations), :mod:`.magnitude` (EDM2's
+magnitude-preserving blocks), :mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the
+Flax modules' forward passes). ``stats`` and ``activation`` are compatibility re-exports of the first
+ones.
 """
 
 from jaxnorm.functional.batch import batch_moments, batch_norm, batch_stats

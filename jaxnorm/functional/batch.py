@@ -1,7 +1,8 @@
 """Batch statistics and batch normalization: Lp (Norm matters, Sec. 3), top-k, ghost batches
 (Hoffer, Hubara & Soudry, *Train longer, generalize better*, NeurIPS 2017, Sec. 4), masks, mean-only
 (Salimans & Kingma, *Weight normalization*, NeurIPS 2016, Sec. 2.2), cross-device statistics; and the
-validated options value :class:`BatchOptions`.
+validated options value :class:`BatchOptions` (defined in :mod:`.options`), which travels down
+unchanged from the public functions and the modules to the kernels.
 
 References:
   Ioffe & Szegedy, *Batch normalization*, ICML 2015, Alg. 1.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,75 +19,30 @@ import jax.numpy as jnp
 from jaxnorm.functional._checks import (
     PNorm,
     canonical_axes,
-    canonical_p,
     check_axis_name,
     check_bool,
     check_epsilon,
     check_floating,
     check_mask,
-    check_positive_int,
 )
 from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
 from jaxnorm.functional.dispersion import dispersion_moments
 from jaxnorm.functional.normalize import normalize
+from jaxnorm.functional.options import BatchOptions, check_batch_options
+from jaxnorm.functional.reduction import Statistics
 
 __all__ = [
     "BatchOptions",
     "batch_gives_statistics",
     "batch_moments",
     "batch_norm",
+    "batch_statistics",
     "batch_stats",
     "check_batch_options",
     "ghost_batches",
     "normalize_batch",
 ]
-
-
-class BatchOptions(NamedTuple):
-    """Batch norm's options after validation, passed down unchanged from the module to the kernel."""
-
-    p: PNorm = 2
-    topk: int | None = None
-    calibration: Calibration = "paper"
-    virtual_batch_size: int | None = None
-    mean_only: bool = False
-    use_fast_variance: bool = True
-
-
-def check_batch_options(
-    p: PNorm | float = 2,
-    topk: int | None = None,
-    calibration: Calibration = "paper",
-    virtual_batch_size: int | None = None,
-    mean_only: bool = False,
-    use_fast_variance: bool = True,
-) -> BatchOptions:
-    """Validate batch norm's options, whatever the input; returns them canonical (``p`` in 1, 2, 'inf';
-    NumPy integers and bools as Python ones).
-
-    The modules call it in evaluation too, where the batch statistics (and their checks) are not
-    computed: a wrong option fails at once, not at the first training step.
-    """
-    p = canonical_p(p)
-    if topk is not None:
-        topk = check_positive_int(topk, "topk")
-        if p != "inf":
-            raise ValueError(f"topk applies to p='inf' (top-k L∞ norm), got p={p!r}")
-    if calibration not in ("paper", "exact"):
-        raise ValueError(f"calibration must be 'paper' or 'exact', got {calibration!r}")
-    if calibration == "exact" and p != "inf":
-        raise ValueError(f"calibration='exact' (the L∞ constant) applies to p='inf', got p={p!r}")
-    if virtual_batch_size is not None:
-        virtual_batch_size = check_positive_int(virtual_batch_size, "virtual_batch_size")
-    return BatchOptions(
-        p,
-        topk,
-        calibration,
-        virtual_batch_size,
-        check_bool(mean_only, "mean_only"),
-        check_bool(use_fast_variance, "use_fast_variance"),
-    )
 
 
 def _statistics_size(
@@ -134,16 +89,45 @@ def batch_moments(
     Reduces over every axis but ``axis`` (the feature axis or axes). Arguments as :func:`batch_stats`;
     ``mean_only=True`` returns ``(mean, None)``. With ``virtual_batch_size=v`` the leading (batch) axis
     is split into ``x.shape[0] // v`` ghost batches with statistics of their own, returned stacked on a
-    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype.
+    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype. ``var`` overflows to
+    ``inf`` where ``sigma_hat**2`` exceeds the dtype's range (``sigma_hat > 1.8e19`` in float32);
+    :func:`batch_stats`, :func:`batch_norm` and the norms stay finite there.
     """
     check_floating(x, "x")
-    p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance = check_batch_options(
-        p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance
+    options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
+    stats = batch_statistics(
+        x,
+        options,
+        axis=axis,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        keepdims=keepdims,
     )
+    return stats.mean, None if stats.var is None else stats.var * stats.unit * stats.unit
+
+
+def batch_statistics(
+    x: jnp.ndarray,
+    options: BatchOptions,
+    *,
+    axis: int | Sequence[int] = -1,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    keepdims: bool = False,
+) -> Statistics:
+    """:func:`batch_moments` with the options as one validated value (:func:`check_batch_options`),
+    the variance in units (:class:`~.reduction.Statistics`: ``sigma_hat**2 = var * unit**2``, with
+    ``unit`` 1 on ordinary input and a power of two where ``sigma_hat**2`` would overflow)."""
+    check_floating(x, "x")
+    if not isinstance(options, BatchOptions):
+        raise TypeError(f"options must be a BatchOptions (see check_batch_options), got {options!r}")
     check_axis_name(axis_name)
     keepdims = check_bool(keepdims, "keepdims")
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
+    virtual_batch_size = options.virtual_batch_size
     size = _statistics_size(x.shape, features, virtual_batch_size)
     if virtual_batch_size is not None:
         if 0 in features:
@@ -174,29 +158,20 @@ def batch_moments(
             f"batch statistics need at least 2 elements per feature, got a reduction of size {size} "
             f"(x.shape={x.shape}, feature axis={axis!r}); use layer/group norm for single examples"
         )
-    if topk is not None:
+    if options.topk is not None:
         devices = axis_size(axis_name, axis_index_groups)
-        if topk > size * devices:
+        if options.topk > size * devices:
             across = "" if devices == 1 else f" x {devices} devices of axis_name={axis_name!r}"
             raise ValueError(
-                f"topk={topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, axis={axis!r})"
+                f"topk={options.topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, "
+                f"axis={axis!r})"
             )
-    mean, var = dispersion_moments(
-        x,
-        reduce_axes,
-        p=p,
-        topk=topk,
-        mask=mask,
-        axis_name=axis_name,
-        axis_index_groups=axis_index_groups,
-        calibration=calibration,
-        one_pass=use_fast_variance,
-        mean_only=mean_only,
+    stats = dispersion_moments(
+        x, reduce_axes, options, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    if not keepdims:
-        mean = jnp.squeeze(mean, reduce_axes)
-        var = None if var is None else jnp.squeeze(var, reduce_axes)
-    return mean, var
+    if keepdims:
+        return stats
+    return Statistics(*(None if a is None else jnp.squeeze(a, reduce_axes) for a in stats))
 
 
 def batch_stats(
@@ -238,19 +213,12 @@ def batch_stats(
       its gradient is 0. For ``p=1`` the gradient of ``|x - mu|`` takes the subgradient +1 above the mean
       and -1 at or below it (ties with the mean are the only elements where it differs from ``sign``).
     """
-    mean, var = batch_moments(
-        x,
-        p=p,
-        axis=axis,
-        topk=topk,
-        mask=mask,
-        axis_name=axis_name,
-        axis_index_groups=axis_index_groups,
-        calibration=calibration,
-        virtual_batch_size=virtual_batch_size,
-        use_fast_variance=use_fast_variance,
+    check_floating(x, "x")
+    options = check_batch_options(p, topk, calibration, virtual_batch_size, False, use_fast_variance)
+    stats = batch_statistics(
+        x, options, axis=axis, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    return mean, _sqrt_zero_slope_at_zero(var)
+    return stats.mean, _sqrt_zero_slope_at_zero(stats.var) * stats.unit
 
 
 @jax.custom_jvp
@@ -292,22 +260,25 @@ def batch_norm(
     Sec. 2.2), the companion of bounded weight norm. Gradients flow through ``mu_B`` and ``sigma_hat_B``.
     """
     epsilon = check_epsilon(epsilon)
-    mean, var = batch_moments(
+    check_floating(x, "x")
+    options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
+    stats = batch_statistics(
         x,
-        p=p,
+        options,
         axis=axis,
-        topk=topk,
         mask=mask,
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
-        calibration=calibration,
-        virtual_batch_size=virtual_batch_size,
-        use_fast_variance=use_fast_variance,
-        mean_only=mean_only,
         keepdims=True,
     )
-    vbs = None if virtual_batch_size is None else int(virtual_batch_size)
-    return normalize_batch(x, mean, var, virtual_batch_size=vbs, epsilon=epsilon)
+    return normalize_batch(
+        x,
+        stats.mean,
+        stats.var,
+        virtual_batch_size=options.virtual_batch_size,
+        epsilon=epsilon,
+        unit=stats.unit,
+    )
 
 
 def normalize_batch(
@@ -320,10 +291,12 @@ def normalize_batch(
     bias: jnp.ndarray | None = None,
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
+    unit: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """:func:`normalize` with keepdims batch statistics, per ghost batch when ``virtual_batch_size``
     is given (the statistics then carry the leading ghost axis of :func:`batch_moments`)."""
     if virtual_batch_size is None:
-        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
+        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
     ghosts = ghost_batches(x, virtual_batch_size)
-    return normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype).reshape(x.shape)
+    y = normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
+    return y.reshape(x.shape)

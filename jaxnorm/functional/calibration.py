@@ -24,6 +24,7 @@ __all__ = [
     "L1_CONSTANT",
     "Calibration",
     "expected_topk_abs_normal",
+    "linf_calibration",
     "linf_constant",
 ]
 
@@ -92,3 +93,12 @@ def _gauss_legendre(num: int) -> tuple[list[float], list[float]]:
 
     nodes, weights = np.polynomial.legendre.leggauss(num)
     return nodes.tolist(), weights.tolist()
+
+
+def linf_calibration(count: jnp.ndarray, topk: int | None, calibration: Calibration) -> jnp.ndarray:
+    """The factor that makes an L∞ / top-k dispersion estimate sigma on Gaussian data: the paper's
+    ``C(n)`` (:func:`linf_constant`) or, with ``calibration="exact"``,
+    ``1 / E[mean of the top k of n |N(0, 1)|]`` (:func:`expected_topk_abs_normal`)."""
+    if calibration == "exact":
+        return 1 / expected_topk_abs_normal(count, topk or 1)
+    return linf_constant(count)

@@ -17,6 +17,7 @@ __all__ = [
     "axis_size",
     "gather_combine",
     "gather_invariant",
+    "psum_flat",
 ]
 
 
@@ -49,14 +50,30 @@ def gather_invariant(x, axis_name: str | Sequence[str], axis_index_groups: AxisI
                 position[device] = slot
         index = jnp.asarray(position)[index]
     leaves, treedef = jax.tree.flatten(x)
-    flat = jnp.concatenate([jnp.ravel(a) for a in leaves])
+    flat = _flat(leaves)
     onehot = (jnp.arange(size) == index).astype(flat.dtype)[:, None]
     gathered = lax.psum(onehot * flat[None], axis_name, axis_index_groups=axis_index_groups)
+    return jax.tree.unflatten(treedef, _unflat(gathered, leaves, (size,)))
+
+
+def _flat(leaves: list[jnp.ndarray]) -> jnp.ndarray:
+    return jnp.concatenate([jnp.ravel(a) for a in leaves])
+
+
+def _unflat(flat: jnp.ndarray, leaves: list[jnp.ndarray], lead: tuple[int, ...] = ()) -> list[jnp.ndarray]:
+    """Split ``flat`` (``lead`` axes, then the concatenated leaves) back into arrays shaped as ``leaves``."""
     offsets = list(itertools.accumulate(a.size for a in leaves))[:-1]
-    parts = jnp.split(gathered, offsets, axis=1)
-    return jax.tree.unflatten(
-        treedef, [part.reshape(size, *a.shape) for part, a in zip(parts, leaves, strict=True)]
-    )
+    parts = jnp.split(flat, offsets, axis=len(lead))
+    return [part.reshape(*lead, *a.shape) for part, a in zip(parts, leaves, strict=True)]
+
+
+def psum_flat(x, axis_name: str | Sequence[str], axis_index_groups: AxisIndexGroups = None):
+    """Sum each array of the pytree ``x`` over the devices of ``axis_name`` in one collective: the arrays
+    (of one dtype) travel as one flat vector, where ``lax.psum`` of a pytree binds one ``psum`` per
+    array."""
+    leaves, treedef = jax.tree.flatten(x)
+    total = lax.psum(_flat(leaves), axis_name, axis_index_groups=axis_index_groups)
+    return jax.tree.unflatten(treedef, _unflat(total, leaves))
 
 
 def gather_combine(

@@ -25,11 +25,11 @@ from jaxnorm.functional._checks import (
     check_momentum,
     num_groups_of,
 )
-from jaxnorm.functional.batch import batch_moments, check_batch_options, normalize_batch
-from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.batch import batch_statistics, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.moments import ChannelGroups
 from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
+from jaxnorm.functional.options import BatchOptions
 
 __all__ = [
     "INSTANCE_BATCH_AXIS_MESSAGE",
@@ -78,14 +78,9 @@ def batch_norm_layer(
     axis: int | Sequence[int] = -1,
     momentum: float = 0.99,
     epsilon: float = 1e-5,
-    p: PNorm | float = 2,
-    topk: int | None = None,
-    calibration: Calibration = "paper",
-    virtual_batch_size: int | None = None,
-    mean_only: bool = False,
+    options: BatchOptions | None = None,
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
-    use_fast_variance: bool = True,
     mask: jnp.ndarray | None = None,
     dtype: jnp.dtype | None = None,
 ) -> BatchNormOutput:
@@ -96,50 +91,48 @@ def batch_norm_layer(
     move towards ``(mu_B, sigma_hat_B^2)``. Ghost batches (``virtual_batch_size``) contribute the mean
     of their statistics to the running averages. Evaluation (``use_running_average=True``) uses the
     running statistics. ``mean_only=True``: ``y = (x - mu) * scale + bias`` and ``running_var`` is
-    returned unchanged (Salimans & Kingma 2016, Sec. 2.2).
+    returned unchanged (Salimans & Kingma 2016, Sec. 2.2). ``options`` (:func:`check_batch_options`)
+    carries ``p``, ``topk``, ``calibration``, ``virtual_batch_size``, ``mean_only`` and
+    ``use_fast_variance``, built once by the module (``None``: the defaults).
     """
+    options = BatchOptions() if options is None else options
+    if not isinstance(options, BatchOptions):
+        raise TypeError(f"options must be a BatchOptions (see check_batch_options), got {options!r}")
     if jnp.iscomplexobj(x):
         return complex_batch_norm_layer(
             x, running_mean=running_mean, running_var=running_var, scale=scale, bias=bias,
             use_running_average=use_running_average, update_running_stats=update_running_stats, axis=axis,
-            momentum=momentum, epsilon=epsilon, p=p, axis_name=axis_name, axis_index_groups=axis_index_groups,
-            mask=mask, dtype=dtype,
+            momentum=momentum, epsilon=epsilon, p=options.p, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, mask=mask, dtype=dtype,
         )
     check_floating(x, "x")
-    p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance = check_batch_options(
-        p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance
-    )
     momentum, epsilon = check_momentum(momentum), check_epsilon(epsilon)
     feature_axes = canonical_axes(axis, x.ndim, "axis")
     shape = _feature_shape(x, feature_axes)
     out_dtype = _output_dtype(dtype, x, scale, bias)
     scale, bias = _expand(scale, shape), _expand(bias, shape)
     if use_running_average:
-        var = None if mean_only else running_var.reshape(shape)
+        var = None if options.mean_only else running_var.reshape(shape)
         y = normalize(
             x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype
         )
         return BatchNormOutput(y, running_mean, running_var)
 
-    mean, var = batch_moments(
+    mean, var, unit = batch_statistics(
         x,
-        p=p,
+        options,
         axis=feature_axes,
-        topk=topk,
         mask=mask,
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
-        calibration=calibration,
-        virtual_batch_size=virtual_batch_size,
-        use_fast_variance=use_fast_variance,
-        mean_only=mean_only,
         keepdims=True,
     )
     y = normalize_batch(
         x,
         mean,
         var,
-        virtual_batch_size=virtual_batch_size,
+        unit=unit,
+        virtual_batch_size=options.virtual_batch_size,
         scale=scale,
         bias=bias,
         epsilon=epsilon,
@@ -151,10 +144,10 @@ def batch_norm_layer(
         running_mean,
         running_var,
         mean,
-        var,
-        _occupied(x, feature_axes, mask, virtual_batch_size, axis_name, axis_index_groups),
+        None if var is None else var * unit * unit,  # inf where sigma_hat**2 overflows
+        _occupied(x, feature_axes, mask, options.virtual_batch_size, axis_name, axis_index_groups),
         momentum,
-        ghosts=virtual_batch_size is not None,
+        ghosts=options.virtual_batch_size is not None,
     )
     return BatchNormOutput(y, new_mean, new_var)
 

@@ -26,6 +26,7 @@ from flax.typing import Dtype, Initializer
 from jaxnorm.functional import layers
 from jaxnorm.functional._checks import PNorm, canonical_axes
 from jaxnorm.functional.batch import batch_gives_statistics
+from jaxnorm.functional.options import check_batch_options
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
 
@@ -87,14 +88,19 @@ class BatchNorm(nn.Module):
         use_running_average = nn.merge_param(
             "use_running_average", self.use_running_average, use_running_average
         )
+        options = check_batch_options(
+            self.p, self.topk, self.calibration, self.virtual_batch_size, self.mean_only,
+            self.use_fast_variance,
+        )
         feature_axes = canonical_axes(self.axis, x.ndim, "axis")
         feature_shape = tuple(x.shape[a] for a in feature_axes)
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, feature_shape, jnp.float32)
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
-        if initializing and not batch_gives_statistics(x.shape, feature_axes, self.virtual_batch_size) and (
-            x.shape[0] == 1 or self.virtual_batch_size is None
+        vbs = options.virtual_batch_size
+        if initializing and not batch_gives_statistics(x.shape, feature_axes, vbs) and (
+            x.shape[0] == 1 or vbs is None
         ):
             # init needs the shapes only: a dummy batch too small for batch statistics (one example)
             # is normalized with the initial running ones; any other batch is checked as in training
@@ -110,14 +116,9 @@ class BatchNorm(nn.Module):
             axis=feature_axes,
             momentum=self.momentum,
             epsilon=self.epsilon,
-            p=self.p,
-            topk=self.topk,
-            calibration=self.calibration,
-            virtual_batch_size=self.virtual_batch_size,
-            mean_only=self.mean_only,
+            options=options,
             axis_name=None if initializing else self.axis_name,
             axis_index_groups=self.axis_index_groups,
-            use_fast_variance=self.use_fast_variance,
             mask=mask,
             dtype=self.dtype,
         )

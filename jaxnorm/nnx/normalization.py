@@ -35,8 +35,8 @@ from jaxnorm.functional._checks import (
     check_floating,
     check_momentum,
 )
-from jaxnorm.functional.batch import check_batch_options
 from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
@@ -150,6 +150,14 @@ class BatchNorm(_Affine):
         self.virtual_batch_size = options.virtual_batch_size
         self.mean_only = options.mean_only
 
+    @property
+    def options(self) -> BatchOptions:
+        """The statistics' options as one validated value (checked again: attributes may be reassigned)."""
+        return check_batch_options(
+            self.p, self.topk, self.calibration, self.virtual_batch_size, self.mean_only,
+            self.use_fast_variance,
+        )
+
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
         """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the elements of the statistics.
 
@@ -168,10 +176,8 @@ class BatchNorm(_Affine):
         out = layers.batch_norm_layer(
             x, running_mean=self.mean[...], running_var=self.var[...], scale=scale, bias=bias,
             use_running_average=use_running_average, axis=feature_axes, momentum=self.momentum,
-            epsilon=self.epsilon, p=self.p, topk=self.topk, calibration=self.calibration,
-            virtual_batch_size=self.virtual_batch_size, mean_only=self.mean_only,
-            axis_name=self.axis_name, axis_index_groups=self.axis_index_groups,
-            use_fast_variance=self.use_fast_variance, mask=mask, dtype=self.dtype,
+            epsilon=self.epsilon, options=self.options, axis_name=self.axis_name,
+            axis_index_groups=self.axis_index_groups, mask=mask, dtype=self.dtype,
         )
         if not use_running_average:
             # a complex batch mean is stored as its real part, as flax.nnx's float32 BatchStat does

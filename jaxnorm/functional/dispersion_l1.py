@@ -1,0 +1,126 @@
+"""The L1 dispersion, ``sigma_hat = sqrt(pi / 2) * mean|x - mu|`` (Hoffer et al., *Norm matters*,
+NeurIPS 2018, Sec. 3; the constant makes it the standard deviation on Gaussian data).
+
+``sum |x - mu|`` needs the mean first: one pass for the mean, one over the deviations, which also gives
+the correction ``sum (x - m)`` that makes the mean of a constant group exact. Across devices the mean
+travels in the moments' all-gather and the two sums of the deviation pass in one ``psum``: two
+collectives.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional.calibration import L1_CONSTANT
+from jaxnorm.functional.collectives import gather_combine, psum_flat
+from jaxnorm.functional.moments import Moments, group_combine, keepdims_shape, local_moments
+from jaxnorm.functional.options import BatchOptions
+from jaxnorm.functional.platform import distinct, separate_reads
+from jaxnorm.functional.reduction import (
+    Reduction,
+    Statistics,
+    deviation_sum,
+    dispersion_statistics,
+    exact_mean,
+    masked_mean,
+)
+
+__all__ = ["abs_deviation_sum", "l1_statistics"]
+
+
+def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+    """``(mean, sigma_hat**2)`` with the L1 ``sigma_hat``, keepdims; the mean exact for constant groups."""
+    moments_source, deviations = separate_reads(r.x, 2)
+    r = r._replace(deviations=deviations)
+    local = local_moments(moments_source, r.axes, mask=r.mask, with_m2=False)
+    moments = group_combine(local, r.groups)
+    if r.axis_name is None:
+        moments = masked_mean(moments, r.mask)
+        dispersion, correction = _local_dispersion(moments, r)
+    else:
+        # this device's element count per group: the derivative of its share of sum |x - mu|
+        local_count = r.group_sum(jnp.broadcast_to(local.count, keepdims_shape(r.x, r.axes)))
+        moments, _, _ = gather_combine(moments, r.axis_name, r.axis_index_groups)
+        moments = masked_mean(moments, r.mask)
+        dispersion, correction = _cross_device_dispersion(moments, local_count, r)
+    mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
+    return dispersion_statistics(mean, dispersion, moments.count, r.mask)
+
+
+def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The L1 dispersion and the correction that makes the mean exact, on one device.
+
+    A constant group has ``mean|x - m| <= a few ulps of m``; only when some group is that close to
+    constant does a :func:`jax.lax.cond` take the extra pass of :func:`exact_mean`, so ordinary batches
+    read ``x`` twice.
+    """
+    values = r.deviations.astype(moments.mean.dtype)
+    total = abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.group_sum)
+    safe_count = jnp.maximum(moments.count, 1)
+    resolution = 16 * jnp.finfo(moments.mean.dtype).eps * jnp.abs(moments.mean)
+    near_constant = jnp.any((total / safe_count <= resolution) & (moments.count > 0))
+    correction = lax.cond(
+        near_constant,
+        lambda: exact_mean(moments, r) - moments.mean,
+        lambda: jnp.zeros_like(moments.mean),
+    )
+    return L1_CONSTANT * total / safe_count, lax.stop_gradient(correction)
+
+
+def _cross_device_dispersion(
+    moments: Moments, local_count: jnp.ndarray, r: Reduction
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The L1 dispersion and the mean's correction across the devices of ``r.axis_name``: each device's
+    ``sum |x - mu|`` and ``sum (x - mu)`` about the global mean, summed in one ``psum``."""
+    values = r.deviations.astype(moments.mean.dtype)
+    local_total = abs_deviation_sum(values, moments.mean, local_count, r.mask, r.axes, r.group_sum)
+    local_shift = lax.stop_gradient(deviation_sum(moments, r, r.group_sum))
+    total, shift = psum_flat((local_total, local_shift), r.axis_name, r.axis_index_groups)
+    safe_count = jnp.maximum(moments.count, 1)
+    return L1_CONSTANT * total / safe_count, shift / safe_count
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def abs_deviation_sum(
+    values: jnp.ndarray,
+    mean: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    reduce_sum: Callable,
+) -> jnp.ndarray:
+    """``sum |x - mean|`` over ``axes`` (masked; merged by ``reduce_sum`` over the channels of a group).
+
+    ``count`` is the merged number of unmasked elements. Custom JVP ``sum(s (dx - dmean))`` with the
+    subgradient ``s = +1`` where ``x > mean`` and ``s = -1`` elsewhere, ties ``x == mean`` included
+    (any ``s`` in [-1, 1] is a subgradient of ``|.|`` at 0): then ``sum s = 2 #{x > mean} - count`` is
+    one count of a comparison, where a three-valued sign would be written out first; where the deviation
+    is zero everywhere, every ``s - mean(s)`` is 0 either way.
+    """
+    deviation = values - distinct(mean)
+    deviation = deviation if mask is None else jnp.where(mask, deviation, 0)
+    return reduce_sum(jnp.sum(jnp.abs(deviation), axes, keepdims=True))
+
+
+@abs_deviation_sum.defjvp
+def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
+    values, mean, count, mask = primals
+    values_dot, mean_dot = tangents[0], tangents[1]
+
+    def above(centre: jnp.ndarray) -> jnp.ndarray:
+        is_above = values > centre
+        return is_above if mask is None else is_above & mask
+
+    total = abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
+    # the indicator is counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype)
+    indicator = above(distinct(mean, tag=1)).astype(jnp.bfloat16)
+    num_above = jnp.sum(indicator, axes, keepdims=True, dtype=values.dtype)
+    balance = 2 * reduce_sum(num_above) - count
+    signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
+    picked = reduce_sum(jnp.sum(signs * values_dot, axes, keepdims=True))
+    return total, picked - mean_dot * balance
