@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
+from flax.core import FrozenDict
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +41,7 @@ from jaxnorm.enorm import (
 
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 DTYPE_NAMES = tuple(sorted(DTYPES))
+CONTAINERS = {"dict": dict, "frozen": FrozenDict, "state": nnx.State}
 KINDS = ["normal", "normal", "zero_unit", "zero_layer", "huge", "tiny"]
 # entries of "huge" / "tiny" kernels: far from 1 but inside the dtype's normal range
 HUGE = {"f32": 1e20, "bf16": 1e20, "f16": 3e2}
@@ -124,9 +127,9 @@ def _degrade(w, kind, dtype_name, rng):
 
 
 @st.composite
-def networks(draw, archs=("mlp", "cnn"), dtypes=DTYPE_NAMES, hidden=1):
+def networks(draw, archs=("mlp", "cnn"), dtypes=DTYPE_NAMES, hidden=1, containers=tuple(CONTAINERS)):
     """``(params, x, arch, dtype_name)`` of a random ReLU network with degenerate layers; hidden
-    widths (and channels) from ``hidden`` up."""
+    widths (and channels) from ``hidden`` up; params as a dict, a ``FrozenDict`` or an ``nnx.State``."""
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     dtype_name = draw(st.sampled_from(dtypes))
     use_bias = draw(st.booleans())
@@ -173,7 +176,7 @@ def networks(draw, archs=("mlp", "cnn"), dtypes=DTYPE_NAMES, hidden=1):
                 b *= HUGE[dtype_name] if bad_kind == "huge" else TINY[dtype_name]
             params[name]["bias"] = jnp.asarray(b, dtype)
     x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
-    return params, x, arch, dtype_name
+    return CONTAINERS[draw(st.sampled_from(containers))](params), x, arch, dtype_name
 
 
 def objective64(params, spec, p):
@@ -229,7 +232,10 @@ def test_fuzz_bare_chain(net, p, cycles):
 
 
 @fuzz(8)
-@given(net=networks(archs=("res", "cnn"), dtypes=("f16", "f32"), hidden=2), p=st.sampled_from([2, "inf"]))
+@given(
+    net=networks(archs=("res", "cnn"), dtypes=("f16", "f32"), hidden=2, containers=("dict",)),
+    p=st.sampled_from([2, "inf"]),
+)
 def test_fuzz_discover_spec(net, p):
     """discover's spec on residual MLPs and CNNs: the identity shortcuts' shared junction is found,
     and balancing with the spec keeps the function. (bfloat16 params and width-1 hidden layers:

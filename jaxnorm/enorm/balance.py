@@ -20,7 +20,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -468,7 +468,8 @@ def multipliers(params: PyTree, spec: Sequence[Junction], scales: Sequence[jax.A
     its consumer scales along theirs (Stock et al. 2019, Sec. 3.6: the ``D_{k-1}^-1 W_k D_k`` of
     Eq. 2). Leaves outside the spec get ``None``. The tree has the structure of the bare params
     (``params["params"]`` for a variables dict; an ``nnx.State`` for an ``nnx.State``, so that it
-    lines up with optimizer states built on it); leaves broadcast against the params leaves.
+    lines up with optimizer states built on it; a ``FrozenDict`` for a ``FrozenDict``); leaves
+    broadcast against the params leaves.
     """
     inner, _ = unwrap_variables(params)
     bare = params["params"] if is_variables(params) else params
@@ -483,7 +484,9 @@ def multipliers(params: PyTree, spec: Sequence[Junction], scales: Sequence[jax.A
             f = f if power == 1 else 1.0 / f
             factors[s.leaf] = f if factors[s.leaf] is None else factors[s.leaf] * f
     out = jax.tree_util.tree_unflatten(treedef, factors)
-    return nnx.State(out) if is_nnx_state(bare) else out
+    if is_nnx_state(bare):
+        return nnx.State(out)
+    return type(bare)(out) if isinstance(bare, Mapping) and not isinstance(bare, dict) else out
 
 
 def _levels(spec: Sequence[Junction]) -> dict[tuple, int]:
