@@ -139,11 +139,10 @@ def _last_axis_norm(
     Custom JVP (Ba et al. 2016, Sec. 3, differentiated): with ``m(.)`` the mean over the last axis,
     ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))`` (RMS: without ``m(dx)``); its
     transpose is the usual ``rsqrt(var + eps) * (g - m(g) - xhat * m(xhat g))``,
-    ``g = cotangent * scale``, two row reductions. Autodiff of the two-pass formula differentiates
-    through the mean twice and runs 5-10 % slower. Each full-size use of ``xhat`` in the tangent
-    recomputes it from its own copy of the row statistics, so the backward pass writes no temporary
-    (layer norm 0.8-0.9x flax's forward+backward on CPU, RMS norm 0.65-0.8x; 1.0-1.1x when XLA shared
-    ``x - mean`` and the broadcast ``rsqrt`` between kernels and wrote them out).
+    ``g = cotangent * scale``, two row reductions (autodiff of the two-pass formula would differentiate
+    through the mean twice). Each full-size use of ``xhat`` in the tangent recomputes it from its own
+    copy of the row statistics, so the backward pass writes no full-size temporary (measurements in
+    ``docs/benchmarks.md``).
     """
     mean, inv = _row_statistics(x, epsilon, centred)
     return _centre(x, mean) * (inv * scale) + bias
@@ -274,8 +273,8 @@ def group_norm(
     The ``C`` channels are split into ``num_groups`` contiguous groups; statistics are taken per example
     and group over all non-batch axes. Computed as per-channel reductions over the spatial axes followed
     by a merge of the ``C / num_groups`` channels of each group (Chan's formula for ``p = 2``, a sum or
-    max for ``p = 1`` / ``inf``): the large reduction keeps the contiguous channel axis, which is what
-    makes it several times faster than reshaping to ``(..., G, C / G)`` first.
+    max for ``p = 1`` / ``inf``): the large reduction keeps the contiguous channel axis instead of
+    reshaping to ``(..., G, C / G)`` first (measured in ``docs/benchmarks.md``).
     """
     check_floating(x, "x")
     if x.ndim < 2:
@@ -333,7 +332,7 @@ def rms_norm(
     The mean square is float32 (or wider), over the True elements of ``mask`` if given, and, with
     ``axis_name``, averaged over a mapped axis. ``scale`` (broadcastable to ``x``; the gain ``g`` of
     Eq. 4) gives ``y * scale``, computed as ``x * (rsqrt(mean(x^2) + epsilon) * scale)``: one product
-    per element with a broadcast factor, which XLA:CPU runs 10-25 % faster than ``(x * rsqrt) * scale``.
+    per element with a broadcast factor.
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")

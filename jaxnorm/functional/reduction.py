@@ -122,8 +122,8 @@ def column_extreme(values: jnp.ndarray, axes: tuple[int, ...], op: Callable) -> 
     When ``axes`` are the leading axes, fewer than ``WIDE_ROW / 2`` features remain (a batch norm over a
     narrow layer) and the values are float32 or wider, ``w`` rows are reduced side by side, as a
     ``(rows / w, w * features)`` view with rows of up to ``WIDE_ROW`` elements, then the ``w`` partial
-    results. That is exact for a max or a min, and XLA:CPU reduces the wider rows faster; bf16 keeps
-    the plain reduction (measured in ``docs/benchmarks.md``).
+    results. That is exact for a max or a min; bf16 keeps the plain reduction (why, and the measurements:
+    ``docs/benchmarks.md``).
     """
     features = math.prod(values.shape[len(axes) :])
     rows = values.size // features
