@@ -239,7 +239,7 @@ def test_fuzz_bare_chain(net, p, cycles):
 def test_fuzz_discover_spec(net, p):
     """discover's spec on residual MLPs and CNNs: the identity shortcuts' shared junction is found,
     and balancing with the spec keeps the function. (bfloat16 params and width-1 hidden layers:
-    the xfail tests below.)"""
+    the two tests below.)"""
     params, x, arch, dtype_name = net
     spec = discover(lambda prm, v: forward(prm, v, arch), params, x)
     if arch[0] == "res":  # the stem and every block's second layer share the stream's units
@@ -256,22 +256,12 @@ def _mlp(widths, dtype):
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="discover: bfloat16 params give an empty spec (np.issubdtype("
-    "bfloat16, np.floating) is False in discover.py, so bf16 leaves are skipped)",
-)
 def test_discover_bfloat16_params():
     params = _mlp((3, 4, 2), jnp.bfloat16)
     spec = discover(lambda prm, v: forward(prm, v, ("mlp", 2)), params, jnp.ones((2, 3)))
     assert len(spec) == 1, spec.report()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="discover: a hidden layer of width 1 is never a junction "
-    "(axes of size 1 are skipped in discover.py); chain() finds it",
-)
 def test_discover_width_one_hidden_layer():
     params = _mlp((3, 1, 2), jnp.float32)
     assert len(chain(params)) == 1

@@ -193,7 +193,9 @@ def concatenate_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.
 
 
 def dot_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.ndarray]:
-    """dot_general: the operand whose free dims hold the units (constant along the others)."""
+    """dot_general: the operand whose free dims hold the units (constant along the others). Where
+    both qualify (one unit everywhere: a layer of width 1), params-derived operands are tried
+    first and the first that traces back is taken, as for a product."""
     (ca, cb), (ba, bb) = e.params["dimension_numbers"]
     sa, sb = tb.in_shape(e.ins[0]), tb.in_shape(e.ins[1])
     nb = len(ba)
@@ -201,15 +203,22 @@ def dot_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.ndarray]
     fb = [i for i in range(len(sb)) if i not in cb and i not in bb]
     out_a = list(range(nb, nb + len(fa)))
     out_b = list(range(nb + len(fa), target.ndim))
-    for x, s, free, mine, theirs in [(e.ins[0], sa, fa, out_a, out_b), (e.ins[1], sb, fb, out_b, out_a)]:
-        if constant_along(target, list(range(nb)) + theirs):
-            t = squash(target, list(range(nb)) + theirs)
-            t = t.reshape([target.shape[i] for i in mine])
-            t_shape = [1] * len(s)
-            for d, n in zip(free, t.shape, strict=True):
-                t_shape[d] = n
+    sides = [(e.ins[0], sa, fa, out_a, out_b), (e.ins[1], sb, fb, out_b, out_a)]
+    sides = [side for side in sides if constant_along(target, list(range(nb)) + side[4])]
+    if not sides:
+        raise Refuted("units spread over both operands of a contraction")
+    reasons = []
+    for x, s, free, mine, theirs in sorted(sides, key=lambda side: not is_var_in(side[0], tb.g.pos)):
+        t = squash(target, list(range(nb)) + theirs)
+        t = t.reshape([target.shape[i] for i in mine])
+        t_shape = [1] * len(s)
+        for d, n in zip(free, t.shape, strict=True):
+            t_shape[d] = n
+        try:
             return tb.back(x, np.broadcast_to(t.reshape(t_shape), s))
-    raise Refuted("units spread over both operands of a contraction")
+        except Refuted as fail:
+            reasons.append(str(fail))
+    raise Refuted("; ".join(reasons))
 
 
 def conv_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.ndarray]:

@@ -61,6 +61,12 @@ _MAX_EXPANSIONS = 1000
 # The search.
 
 
+def _is_float(leaf: Any) -> bool:
+    """Whether a params leaf can be rescaled: a floating dtype, bfloat16 and float8 included
+    (``np.issubdtype(bfloat16, np.floating)`` is False; ``jnp.issubdtype`` knows JAX's dtypes)."""
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
+
+
 def _expand_producers(g: JaxprGraph, leaf: int, ids: np.ndarray, mode: TraceMode):
     """``(producers, consumers)`` of the hypothesis "``leaf`` scaled by unit ``ids``": each unscaled
     addend met by the forward pass is traced back to the params that must scale with it, which
@@ -80,9 +86,18 @@ def _expand_producers(g: JaxprGraph, leaf: int, ids: np.ndarray, mode: TraceMode
     raise Refuted(f"no fixed point in {_MAX_EXPANSIONS} expansions")
 
 
-def _entry(path: tuple, ids: np.ndarray) -> tuple:
+def _entry(path: tuple, ids: np.ndarray, unit_axis: int = -1) -> tuple:
+    """The spec entry of a leaf whose elements carry unit ``ids``; where the ids are unit 0
+    everywhere along an axis of size 1 (one unit) that is ``(path, axis)``, ``unit_axis`` if it
+    has size 1 (producers: the last axis; consumers: the fan-in axis, as :func:`chain` writes)."""
     varying = [a for a in range(ids.ndim) if not constant_along(ids, [a])]
     n = int(ids.max()) + 1
+    ones = [a for a in range(ids.ndim) if ids.shape[a] == 1]
+    if not varying and ones and np.all(ids == 0):
+        return (path, unit_axis % ids.ndim if ids.shape[unit_axis] == 1 else ones[-1])
+    if not varying:  # one unit on every element: a full-rank index (1-D: one id per position)
+        index = ids if ids.ndim == 1 else squash(ids, range(ids.ndim))
+        return (path, ids.ndim - 1, np.array(index, np.int32))
     if len(varying) == 1:
         a = varying[0]
         vec = squash(ids, [d for d in range(ids.ndim) if d != a]).ravel()
@@ -131,6 +146,9 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
     positively homogeneous primitives (see the module docstring). Confirmed hypotheses become
     junctions, with every producer that must share the units (biases, residual branches,
     type-C shortcuts, identity residual streams, BN gamma/beta before a homogeneous path).
+    Floating leaves only (bfloat16 and float8 included). A last axis of size 1 is one unit (a
+    hidden layer of width 1, consumed by the contraction that reads it); other axes of size 1
+    are not tried (scaling along them scales the whole leaf, which its last axis covers).
 
     Args:
       apply_fn: e.g. ``model.apply``; called as ``apply_fn(params, *args, **kwargs)``. Use
@@ -154,13 +172,11 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
     junctions, left_out = [], []
     for leaf_i, leaf in enumerate(leaves):
         ndim = np.ndim(leaf)
-        if ndim == 0 or not np.issubdtype(
-            np.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype, np.floating
-        ):
+        if ndim == 0 or not _is_float(leaf):
             continue
         for axis in [ndim - 1, *range(ndim - 1)]:
-            if (leaf_i, axis) in covered or (np.shape(leaf)[axis] == 1 and ndim > 1):
-                continue
+            if (leaf_i, axis) in covered or (np.shape(leaf)[axis] == 1 and axis != ndim - 1):
+                continue  # one unit along an input axis is a uniform scaling of the whole leaf
             shape = [1] * ndim
             shape[axis] = np.shape(leaf)[axis]
             ids = np.broadcast_to(np.arange(shape[axis]).reshape(shape), np.shape(leaf))
@@ -173,7 +189,10 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
             if not consumers:
                 continue
             producers = [_entry(paths[i], broadcast_ids(s, np.shape(leaves[i]))) for i, s in seeds.items()]
-            cons = [_entry(paths[i], c.reshape(np.shape(leaves[i]))) for i, c in consumers.items()]
+            cons = [
+                _entry(paths[i], c.reshape(np.shape(leaves[i])), -2 if np.ndim(leaves[i]) > 1 else -1)
+                for i, c in consumers.items()
+            ]
             for i, s in seeds.items():
                 full = broadcast_ids(s, np.shape(leaves[i]))
                 covered.update((i, a) for a in range(full.ndim) if not constant_along(full, [a]))
@@ -278,7 +297,7 @@ def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any
     out = {}
     for leaf_i, leaf in enumerate(leaves):
         ndim = np.ndim(leaf)
-        if ndim < 2 or not np.issubdtype(np.dtype(leaf.dtype), np.floating):
+        if ndim < 2 or not _is_float(leaf):
             continue
         shape = [1] * ndim
         shape[-1] = np.shape(leaf)[-1]

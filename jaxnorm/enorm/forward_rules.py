@@ -38,6 +38,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
@@ -246,7 +247,7 @@ def drops_scaling(fp: ForwardPass, e: Eqn, vals: list) -> list:
 
 def layout_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
     """A layout primitive (:data:`~jaxnorm.enorm.jaxpr_graph.LAYOUT_RULES`) moves the unit ids."""
-    if e.prim is lax.convert_element_type_p and not np.issubdtype(e.params["new_dtype"], np.floating):
+    if e.prim is lax.convert_element_type_p and not jnp.issubdtype(e.params["new_dtype"], jnp.floating):
         raise Refuted("scaled values converted to a non-float type")
     v = vals[0]
     ids = apply_layout(e, broadcast_ids(v.ids, fp.shape(e.ins[0])), _out_shape(fp, e))
@@ -446,6 +447,21 @@ def pad_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
 # Contractions: the producers' scaling passes through, or a params operand consumes it.
 
 
+def _single_unit_consumer(fp: ForwardPass, e: Eqn, full: np.ndarray, other: Any, b_dims) -> bool:
+    """Whether a contraction of a value scaled by one unit everywhere (a hidden layer of width 1,
+    or a broadcast of it) against a params leaf should consume the unit rather than pass it on.
+
+    ``(d x) W = d (x W) = x (d W)``: both are sound, so the contraction stays a pass-through (the
+    rule for n > 1 units constant along the contracted dims) unless the other operand is a view of
+    a params leaf that is not a producer and there are no batch dims: then that leaf is the layer
+    that consumes the unit, as for n > 1 units varying along the contracted dims (a leaf also used
+    where the unit does not flow refutes the hypothesis at the end of the pass, as for n > 1)."""
+    unit = full.flat[0] if full.size else -1
+    if unit < 0 or b_dims or not np.all(full == unit):
+        return False
+    return isinstance(other, int) and other in fp.g.pos and fp.g.pos[other][0] not in fp.seeds
+
+
 def dot_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
     """dot_general: scaled free / batch dims pass to the output; scaled contracted dims are
     consumed by the other operand (a params leaf), which is then divided by ``d``."""
@@ -461,7 +477,7 @@ def dot_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
     o_shape, oc_dims = (sb, cb) if side == 0 else (sa, ca)
     full = broadcast_ids(v.ids, s_shape)
     free = [i for i in range(len(s_shape)) if i not in c_dims and i not in b_dims]
-    if constant_along(full, c_dims):
+    if constant_along(full, c_dims) and not _single_unit_consumer(fp, e, full, e.ins[1 - side], b_dims):
         sq = squash(full, c_dims)
         kept = [sq.shape[i] for i in (*b_dims, *free)]
         sq = np.transpose(sq, (*b_dims, *free, *c_dims)).reshape(kept)
