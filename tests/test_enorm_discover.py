@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import jaxnorm.models
-from jaxnorm.enorm import chain, discover, enorm_balance, multipliers
+from jaxnorm.enorm import batch_stats_map, chain, discover, enorm_balance, multipliers
+from jaxnorm.optim import scale_invariant_mask
 from tests import enorm_models as models
 from tests.test_enorm_balance import resnet_c_spec
 
@@ -59,14 +60,18 @@ def test_discovered_spec_preserves_function_float64(x64, name):
         n = leaf.shape[e[1]] if len(e) < 3 else int(np.max(e[2])) + 1
         ds.append(jnp.exp(jax.random.normal(k, (n,), jnp.float64)))
     m = multipliers(params, spec, ds)
-    rescaled = jax.tree.map(lambda w, f: w if f is None else w * f, params, m,
-                            is_leaf=lambda v: v is None)
+    rescaled = jax.tree.map(lambda w, f: w if f is None else w * f, params, m, is_leaf=lambda v: v is None)
     ref = model.apply(variables, x)
     assert rel_err(model.apply({**variables, "params": rescaled}, x), ref) < 1e-12
     balanced = enorm_balance(variables, spec, cycles=3)
     assert rel_err(model.apply(balanced, x), ref) < 1e-12
-    assert max(rel_err(a, b) for a, b in zip(jax.tree.leaves(balanced["params"]),
-                                             jax.tree.leaves(params), strict=True)) > 1e-3
+    assert (
+        max(
+            rel_err(a, b)
+            for a, b in zip(jax.tree.leaves(balanced["params"]), jax.tree.leaves(params), strict=True)
+        )
+        > 1e-3
+    )
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet_c", "resnet_id"])
@@ -120,8 +125,9 @@ def test_python_keyword_arguments_stay_static():
 
 def test_final_bn_leaves_classifier_out():
     _, variables, _, spec = build("final_bn", jnp.float32)
-    assert as_set(spec) == as_set(chain({k: v for k, v in variables["params"].items()
-                                          if k.startswith("Dense")}))
+    assert as_set(spec) == as_set(
+        chain({k: v for k, v in variables["params"].items() if k.startswith("Dense")})
+    )
     assert any(p == ("Dense_3", "kernel") for p, _, _ in spec.left_out)
 
 
@@ -147,10 +153,16 @@ def test_concat_and_groups():
     assert len(spec) == 3
 
 
-@pytest.mark.parametrize(("act", "word"), [
-    (jnp.tanh, "tanh"), (jax.nn.sigmoid, "logistic"), (jax.nn.gelu, "not positively homogeneous"),
-    (jax.nn.relu6, "non-zero"), (jax.nn.softplus, "not positively homogeneous"),
-])
+@pytest.mark.parametrize(
+    ("act", "word"),
+    [
+        (jnp.tanh, "tanh"),
+        (jax.nn.sigmoid, "logistic"),
+        (jax.nn.gelu, "not positively homogeneous"),
+        (jax.nn.relu6, "non-zero"),
+        (jax.nn.softplus, "not positively homogeneous"),
+    ],
+)
 def test_no_junction_through_non_homogeneous(act, word):
     model = models.MLP(act=act)
     variables, x = models.init(model, (3, 3))
@@ -162,16 +174,18 @@ def test_no_junction_through_non_homogeneous(act, word):
 
 
 def test_no_junction_through_softmax_layernorm_or_bn_normalization():
-    for model, blocked in [(models.Softmax(), "Dense_0"), (models.LayerNormMLP(), "Dense_0"),
-                           (models.BNMLP(), "Dense_0")]:
+    for model, blocked in [
+        (models.Softmax(), "Dense_0"),
+        (models.LayerNormMLP(), "Dense_0"),
+        (models.BNMLP(), "Dense_0"),
+    ]:
         variables, x = models.init(model, (3, 3))
         spec = discover(model.apply, variables, x)
         producers = {tuple(e[0]) for j in spec for e in j.producers}
         assert (blocked, "kernel") not in producers
         assert (blocked, "kernel") in {tuple(p) for p, _, _ in spec.left_out}
     spec = discover(models.LayerNormMLP().apply, *models.init(models.LayerNormMLP(), (3, 3)))
-    assert {tuple(e[0]) for e in spec[0].producers} == {("LayerNorm_0", "scale"),
-                                                        ("LayerNorm_0", "bias")}
+    assert {tuple(e[0]) for e in spec[0].producers} == {("LayerNorm_0", "scale"), ("LayerNorm_0", "bias")}
 
 
 class _Shared(nn.Module):
@@ -188,3 +202,152 @@ def test_consumer_used_elsewhere_is_refused():
     assert len(spec) == 0
     reasons = {tuple(p): r for p, _, r in spec.left_out}
     assert "also used" in reasons[("Dense_1", "kernel")]  # Dense_0 is the shared layer
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 / float8 params and casts (np.issubdtype(bfloat16, np.floating) is False).
+
+
+def _stat_links(stats_map):
+    return {k: tuple((s.path, s.power) for s in v) for k, v in stats_map.items()}
+
+
+def test_bfloat16_params_give_the_float32_spec_mask_and_stat_links():
+    """A bfloat16 copy of a BN ResNet: the same junctions, the same scale-invariant mask (train
+    mode) and the same running-statistics links (eval mode) as float32. Old code: an empty spec
+    and no stat links (bf16 leaves were skipped)."""
+    found = {}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        model, variables, x, spec = build("resnet_id_bn", dtype)
+        train = lambda v, x, model=model: model.apply(v, x, train=True, mutable=["batch_stats"])[0]
+        mask = scale_invariant_mask(train, variables, x)
+        links = batch_stats_map(functools.partial(model.apply, train=False), variables, x)
+        found[dtype] = (as_set(spec), jax.tree.leaves(mask), _stat_links(links))
+    spec32, mask32, links32 = found[jnp.float32]
+    assert len(spec32) == 6 and sum(mask32) == 10 and len(links32) == 10
+    assert found[jnp.bfloat16] == found[jnp.float32]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn])
+def test_scaled_values_cast_to_a_narrow_float_keep_the_junction(dtype):
+    """Mixed precision: float32 kernels cast to ``dtype`` for the matmuls (a convert_element_type
+    of the scaled values). Old code: the cast to bfloat16 / float8 refuted the junction."""
+
+    def apply(p, x):
+        h = jax.nn.relu(x.astype(dtype) @ p["a"].astype(dtype))
+        return (h @ p["b"].astype(dtype)).astype(jnp.float32)
+
+    params = {"a": jnp.ones((3, 4)), "b": jnp.ones((4, 2))}
+    spec = discover(apply, params, jnp.ones((2, 3)))
+    assert as_set(spec) == {(frozenset({(("a",), 1, None)}), frozenset({(("b",), 0, None)}))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Hidden layers of width 1: one unit is a junction; a broadcast of it is no unit correspondence.
+
+
+def _assert_spec_keeps_function(apply, params, x, spec, seed=0):
+    """float64: a random positive scaling of every junction of ``spec`` keeps ``apply``."""
+    params = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), params)
+    x = jnp.asarray(x, jnp.float64)
+    keys = jax.random.split(jax.random.key(seed), len(spec))
+    ds = []
+    for k, j in zip(keys, spec, strict=True):
+        e = j.producers[0]
+        leaf = functools.reduce(lambda t, key: t[key], e[0], params)
+        n = leaf.shape[e[1]] if len(e) < 3 else int(np.max(e[2])) + 1
+        ds.append(jnp.exp(jax.random.normal(k, (n,), jnp.float64)))
+    m = multipliers(params, spec, ds)
+    rescaled = jax.tree.map(lambda w, f: w if f is None else w * f, params, m, is_leaf=lambda v: v is None)
+    assert rel_err(apply(rescaled, x), apply(params, x)) < 1e-12
+    assert (
+        max(rel_err(a, b) for a, b in zip(jax.tree.leaves(rescaled), jax.tree.leaves(params), strict=True))
+        > 1e-3
+    )
+
+
+def test_width_one_hidden_layers_are_junctions(x64):
+    """An MLP 3-1-4-1-2 (biases) gives chain()'s spec; a ResNet whose first stage has one channel
+    (stem, identity stream, both inner convs, the projection) gives a one-unit stream junction and
+    keeps the function under any positive scaling. Old code: no junction through a width-1 layer."""
+    model = models.MLP(widths=(1, 4, 1), out=2, dtype=jnp.float64)
+    variables, x = models.init(model, (3, 3), 0, jnp.float64)
+    spec = discover(model.apply, variables, x)
+    assert as_set(spec) == as_set(chain(variables)) and len(spec) == 3
+    _assert_spec_keeps_function(lambda p, x: model.apply({"params": p}, x), variables["params"], x, spec)
+
+    def taps(p, x):  # a width-1 layer read by a convolution written as shifted matmuls
+        h = jax.nn.relu(x @ p["a"])
+        return jax.nn.relu(h[:-1] @ p["k"][0] + h[1:] @ p["k"][1]) @ p["c"]
+
+    rng = np.random.default_rng(0)
+    params = {k: jnp.asarray(rng.normal(size=s)) for k, s in [("a", (3, 1)), ("k", (2, 1, 4)), ("c", (4, 2))]}
+    spec = discover(taps, params, x)
+    assert len(spec) == 2 and (spec[0].producers, spec[0].consumers) == (((("a",), 1),), ((("k",), 1),))
+    _assert_spec_keeps_function(taps, params, x, spec)
+
+    def residual(p, x):  # an identity stream of width 1: its addend is traced back to p["b"]
+        h = jax.nn.relu(x @ p["stem"])
+        h = jax.nn.relu(h + jax.nn.relu(h @ p["a"]) @ p["b"])
+        return h @ p["head"]
+
+    shapes = [("stem", (3, 1)), ("a", (1, 2)), ("b", (2, 1)), ("head", (1, 2))]
+    params = {k: jnp.asarray(rng.normal(size=s)) for k, s in shapes}
+    spec = discover(residual, params, x)
+    found = {(frozenset(e[0] for e in j.producers), frozenset(e[0] for e in j.consumers)) for j in spec}
+    assert (frozenset({("stem",), ("b",)}), frozenset({("a",), ("head",)})) in found
+    _assert_spec_keeps_function(residual, params, x, spec)
+
+    model = models.ResNetId(stages=(1, 3), blocks=1, dtype=jnp.float64)
+    variables, x = models.init(model, (2, 6, 6, 3), 0, jnp.float64)
+    spec = discover(model.apply, variables, x)
+    assert len(spec) == 4  # the 1-channel stream, its inner conv, the 3-channel stream, its inner conv
+    stream = next(j for j in spec if ("stem", "kernel") in {tuple(e[0]) for e in j.producers})
+    assert {tuple(e[0]) for e in stream.producers} >= {("stem", "kernel"), ("s0b0_conv2", "kernel")}
+    assert {tuple(e[0]) for e in stream.consumers} == {("s0b0_conv1", "kernel"), ("proj1", "kernel")}
+    _assert_spec_keeps_function(lambda p, x: model.apply({"params": p}, x), variables["params"], x, spec)
+
+
+def test_a_broadcast_of_one_unit_is_no_unit_correspondence(x64):
+    """A (batch, 1) activation broadcast against (batch, n): never a junction of the n units.
+
+    - added to n units of another layer: those n units are left out (the single unit would stand
+      for all of them), and the one junction found scales the whole other layer with the single
+      unit, which keeps the function;
+    - added to a (batch, n) input of the function: nothing can scale with it, no junction;
+    - n units contracted against a (1, m) params leaf broadcast to (n, m): each kernel entry would
+      consume n different units, no junction.
+    """
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(4, 3)))
+    z = jnp.asarray(rng.normal(size=(4, 5)))
+    params = {
+        name: jnp.asarray(rng.normal(size=s))
+        for name, s in [("one", (3, 1)), ("many", (3, 5)), ("out", (5, 2)), ("row", (1, 2))]
+    }
+    relu = jax.nn.relu
+
+    def added(p, x):
+        return relu(relu(x @ p["one"]) + relu(x @ p["many"])) @ p["out"]
+
+    spec = discover(added, params, x)
+    reasons = {tuple(p): r for p, _, r in spec.left_out}
+    assert "broadcast addend would need several units" in reasons[("many",)]
+    assert len(spec) == 1 and spec[0].producers[0] == (("one",), 1)
+    many = next(e for e in spec[0].producers if e[0] == ("many",))
+    assert len(many) == 3 and not np.any(np.asarray(many[2]))  # every entry: the one unit
+    _assert_spec_keeps_function(added, params, x, spec)
+
+    def with_input(p, x, z):
+        return relu(relu(x @ p["one"]) + z) @ p["out"]
+
+    spec = discover(with_input, params, x, z)
+    assert len(spec) == 0
+    assert "unscaled input" in {tuple(p): r for p, _, r in spec.left_out}[("one",)]
+
+    def broadcast_consumer(p, x):
+        return relu(x @ p["many"]) @ jnp.broadcast_to(p["row"], (5, 2))
+
+    spec = discover(broadcast_consumer, params, x)
+    assert len(spec) == 0
+    assert "two different units" in {tuple(p): r for p, _, r in spec.left_out}[("many",)]

@@ -193,11 +193,11 @@ def discover(apply_fn: Callable, params: PyTree, *args: Any, **kwargs: Any) -> S
                 _entry(paths[i], c.reshape(np.shape(leaves[i])), -2 if np.ndim(leaves[i]) > 1 else -1)
                 for i, c in consumers.items()
             ]
-            for i, s in seeds.items():
+            for (i, s), entry in zip(seeds.items(), producers, strict=True):
                 full = broadcast_ids(s, np.shape(leaves[i]))
                 covered.update((i, a) for a in range(full.ndim) if not constant_along(full, [a]))
-                if full.ndim == 1:
-                    covered.add((i, 0))
+                if full.ndim == 1 or len(entry) == 2:  # a unit axis (one unit: of size 1)
+                    covered.add((i, entry[1]))
             junctions.append(Junction(tuple(producers), tuple(cons)))
     covered_paths = {(paths[i], a) for i, a in covered}
     left_out = [item for item in left_out if (item[0], item[1]) not in covered_paths]
