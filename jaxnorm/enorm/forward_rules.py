@@ -14,7 +14,8 @@ The rules encode ``f(d x) = d f(x)`` for ``d > 0`` (Stock et al. 2019, Sec. 3.1)
   axes do not mix units; ``concatenate``, ``split``, zero ``pad``, ``gather`` along unit-constant
   axes, ``top_k``; products and quotients with unscaled values (BN's ``x_hat * gamma``);
 - a *consumer*: ``dot_general`` / ``conv_general_dilated`` contracting the scaled units against a
-  params leaf (recorded: that slice is divided by ``d``; the result is unscaled);
+  params leaf (recorded: that slice is divided by ``d``; the result is unscaled); a value of one
+  unit everywhere (a hidden layer of width 1) is consumed by a params operand, not passed on;
 - additions: every operand scaled alike, or an unscaled addend raises
   :class:`~jaxnorm.enorm.lattice.AddendMustScale` so that the search scales it too (junction mode);
 - in the invariance and transport modes powers are tracked (``square``, ``sqrt``, ``rsqrt``,
