@@ -34,7 +34,7 @@ from jaxnorm.functional.dispersion import dispersion_moments
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct
-from jaxnorm.functional.units import inverse_std, largest_plain_sigma, power_of_two_above
+from jaxnorm.functional.units import inverse_std
 
 __all__ = [
     "RELU_MEAN",
@@ -161,32 +161,28 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     Centred: the plain mean ``m = mean(x)``, then one pass over ``d = x - m`` for both its mean and
     its mean square (the shifted-data algorithm about ``m``): ``mean = m + mean(d)`` and
     ``var = mean(d^2) - mean(d)^2``. A constant row has the exact mean (its ``d`` is one constant) and
-    normalizes to exactly 0. Where a row's variance is huge (above ``2**(maxexp / 2)``, or overflowed),
-    a :func:`jax.lax.cond` recomputes the rows of ``x / unit``, ``unit`` the power of two above the
-    row's ``max |x|`` (:mod:`jaxnorm.functional.units`); ordinary input takes the first branch only.
+    normalizes to exactly 0. The squares are taken in the fixed unit of :func:`row_unit` (a power of
+    two, :mod:`.units`): ``rsqrt(var + eps) = rsqrt(mean((d / u)^2) + eps / u^2) / u``, exact scaling, so
+    huge rows do not overflow, with no branch and no extra reduction (XLA keeps the row one kernel).
     """
-    mean, var = _row_moments(x, centred)
-    plain = var <= largest_plain_sigma(var.dtype) ** 2  # False for inf and NaN too
-
-    def scaled() -> tuple[jnp.ndarray | None, jnp.ndarray]:
-        largest = jnp.max(jnp.abs(x), -1, keepdims=True)
-        unit = lax.stop_gradient(jnp.where(plain, 1, power_of_two_above(largest)).astype(x.dtype))
-        mean, var = _row_moments(x / unit, centred)
-        return None if mean is None else mean * unit, inverse_std(var, epsilon, unit)
-
-    return lax.cond(jnp.all(plain), lambda: (mean, inverse_std(var, epsilon, None)), scaled)
-
-
-def _row_moments(x: jnp.ndarray, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
-    """The row mean and variance (centred), or ``None`` and the row mean square; see
-    :func:`_row_statistics`."""
+    per_unit = 1 / row_unit(x.dtype)  # exact: a power of two
     if not centred:
-        return None, jnp.mean(jnp.square(x), -1, keepdims=True)
+        mean_square = jnp.mean(jnp.square(x * per_unit), -1, keepdims=True)
+        return None, lax.rsqrt(mean_square + epsilon * per_unit * per_unit) * per_unit
     rough = jnp.mean(x, -1, keepdims=True)
     d = x - rough
     correction = jnp.mean(d, -1, keepdims=True)
-    var = jnp.maximum(jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction), 0)
-    return rough + correction, var
+    mean_square = jnp.mean(jnp.square(d * per_unit), -1, keepdims=True)
+    var = jnp.maximum(mean_square - jnp.square(correction * per_unit), 0)
+    return rough + correction, lax.rsqrt(var + epsilon * per_unit * per_unit) * per_unit
+
+
+def row_unit(dtype: jnp.dtype) -> float:
+    """``2**(maxexp / 2 - 16)`` of ``dtype`` (``2**48`` in float32, ``2**496`` in float64): the squares of
+    deviations up to ``2**(maxexp - 16)`` (5e33 in float32) stay finite in this unit, and those that
+    fall below the smallest normal number (deviations under ``2**-15`` in float32) change the variance
+    by at most ``2**-53`` (float32; ``2**-82`` in float64), far below any ``epsilon`` in use."""
+    return 2.0 ** (jnp.finfo(dtype).maxexp // 2 - 16)
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
