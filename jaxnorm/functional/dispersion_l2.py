@@ -119,11 +119,11 @@ def _statistics_in_units_jvp(axes, groups, one_pass, primals, tangents):
     deviation = (x.astype(mean.dtype) - distinct(channel_mean, tag=1)) * per_unit
     m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)
     mean_dot = group_reduce(channel_total, groups, jnp.sum) / jnp.maximum(count, 1)
+    channel_mean_dot = channel_total / jnp.maximum(channel_count, 1)
     if groups is not None:
-        channel_mean_dot = channel_total / jnp.maximum(channel_count, 1)
         between = channel_count * (channel_mean - mean) * per_unit * (channel_mean_dot - mean_dot)
         m2_dot = m2_dot + 2 * between
     var_dot = group_reduce(m2_dot, groups, jnp.sum) * per_unit / jnp.maximum(count, 1)
     zeros = jnp.zeros_like
-    tangents_out = (mean_dot, var_dot, zeros(unit), zeros(count), zeros(channel_mean), zeros(channel_count))
+    tangents_out = (mean_dot, var_dot, zeros(unit), zeros(count), channel_mean_dot, zeros(channel_count))
     return out, tangents_out
