@@ -162,19 +162,26 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     its mean square (the shifted-data algorithm about ``m``): ``mean = m + mean(d)`` and
     ``var = mean(d^2) - mean(d)^2``. A constant row has the exact mean (its ``d`` is one constant) and
     normalizes to exactly 0. The squares are taken in the fixed unit of :func:`row_unit` (a power of
-    two, :mod:`.units`): ``rsqrt(var + eps) = rsqrt(mean((d / u)^2) + eps / u^2) / u``, exact scaling, so
+    two, :mod:`.units`): ``rsqrt(var + eps) = (1 / u) / sqrt(mean((d / u)^2) + eps / u^2)``, exact scaling, so
     huge rows do not overflow, with no branch and no extra reduction (XLA keeps the row one kernel).
     """
     per_unit = 1 / row_unit(x.dtype)  # exact: a power of two
     if not centred:
         mean_square = jnp.mean(jnp.square(x * per_unit), -1, keepdims=True)
-        return None, lax.rsqrt(mean_square + epsilon * per_unit * per_unit) * per_unit
+        return None, _inverse_std_in_row_units(mean_square, epsilon, per_unit)
     rough = jnp.mean(x, -1, keepdims=True)
     d = x - rough
     correction = jnp.mean(d, -1, keepdims=True)
     mean_square = jnp.mean(jnp.square(d * per_unit), -1, keepdims=True)
     var = jnp.maximum(mean_square - jnp.square(correction * per_unit), 0)
-    return rough + correction, lax.rsqrt(var + epsilon * per_unit * per_unit) * per_unit
+    return rough + correction, _inverse_std_in_row_units(var, epsilon, per_unit)
+
+
+def _inverse_std_in_row_units(var: jnp.ndarray, epsilon: float, per_unit: float) -> jnp.ndarray:
+    """``rsqrt(var * unit**2 + epsilon)`` for ``var`` in the small fixed unit of :func:`row_unit`, as
+    ``(1 / unit) / sqrt(var + epsilon / unit**2)``: every intermediate derivative stays in range
+    (``rsqrt``'s own, ``-var**-1.5 / 2``, overflows on such small ``var`` in second derivatives)."""
+    return per_unit / jnp.sqrt(var + epsilon * per_unit * per_unit)
 
 
 def row_unit(dtype: jnp.dtype) -> float:
