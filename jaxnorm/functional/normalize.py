@@ -170,11 +170,10 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
         mean_square = jnp.mean(jnp.square(x * per_unit), -1, keepdims=True)
         return None, _inverse_std_in_row_units(mean_square, epsilon, per_unit)
     rough = jnp.mean(x, -1, keepdims=True)
-    d = x - rough
+    d = x * per_unit - rough * per_unit  # (x - rough) / unit exactly, one multiply-add per element
     correction = jnp.mean(d, -1, keepdims=True)
-    mean_square = jnp.mean(jnp.square(d * per_unit), -1, keepdims=True)
-    var = jnp.maximum(mean_square - jnp.square(correction * per_unit), 0)
-    return rough + correction, _inverse_std_in_row_units(var, epsilon, per_unit)
+    var = jnp.maximum(jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction), 0)
+    return rough + correction * row_unit(x.dtype), _inverse_std_in_row_units(var, epsilon, per_unit)
 
 
 def _inverse_std_in_row_units(var: jnp.ndarray, epsilon: float, per_unit: float) -> jnp.ndarray:
