@@ -29,7 +29,8 @@ def _run(script: str, *args: str) -> str:
     # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
     pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()"],
                  marks=pytest.mark.slow),
-    ("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"]),
+    # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
+    pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
     pytest.param("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
                  ["SGD-momentum step (anchor)", "enorm(sgd) full step"], marks=pytest.mark.slow),
 ])
@@ -40,6 +41,7 @@ def test_benchmark_script_runs(script, args, expected):
         assert text in output, f"{text!r} not in the output of {script}:\n{output[-3000:]}"
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_input_pipeline_benchmark_runs():
     output = _run("input_pipeline.py", "--quick")

@@ -294,6 +294,22 @@ MALFORMED = [
     case(F.linf_constant, ("a",), {}, "n"),
     case(F.scaled_weight_norm, (jnp.ones((3, 0)), 1.0), {}, "v|shape"),  # a kernel without units
     case(F.batch_norm, (jnp.ones((1, 4)),), {}, "batch|x"),
+    # --- magnitude-preserving blocks (EDM2)
+    case(F.mp_weight, (V2,), dict(gain=0.0), "gain"),
+    case(F.mp_weight, (V2,), dict(epsilon=-1.0), "epsilon"),
+    case(F.mp_weight, (jnp.ones(4),), {}, "v"),
+    case(F.mp_weight, (VI,), {}, "v", TypeError),
+    case(F.mp_normalize, (V2,), dict(epsilon=NAN), "epsilon"),
+    case(F.mp_normalize, (jnp.ones((3, 0)),), {}, "v"),
+    case(F.mp_silu, (XI,), {}, "x", TypeError),
+    case(F.mp_sum, (X2, X2), dict(t=1.5), "t"),
+    case(F.mp_sum, (X2, X2), dict(t="0.3"), "t"),
+    case(F.mp_sum, (X2, V2), {}, "a and b"),
+    case(F.mp_sum, (XI, XI), {}, "a", TypeError),
+    case(F.mp_concat, (X2, X2), dict(t=-0.1), "t"),
+    case(F.mp_concat, (X2, X2), dict(axis=2), "axis"),
+    case(F.mp_concat, (X2, X3), {}, "a and b"),
+    case(F.mp_concat, (X2, V2), dict(axis=-1), "a and b"),
 ]
 
 _ARG = r"(?<![A-Za-z0-9_])({})(?![A-Za-z0-9_])"
@@ -335,42 +351,82 @@ ACCEPTED = [
     ("p=np.float64(1)", lambda: F.layer_norm(X2, p=np.float64(1.0)), lambda: F.layer_norm(X2, p=1)),
     ("p=float(inf)", lambda: F.batch_norm(X2, p=float("inf")), lambda: F.batch_norm(X2, p="inf")),
     ("p=jnp.inf", lambda: F.group_norm(X4, 2, p=jnp.inf), lambda: F.group_norm(X4, 2, p="inf")),
-    ("topk=np.int64(3)", lambda: F.batch_norm(X2, p="inf", topk=np.int64(3)),
-     lambda: F.batch_norm(X2, p="inf", topk=3)),
+    (
+        "topk=np.int64(3)",
+        lambda: F.batch_norm(X2, p="inf", topk=np.int64(3)),
+        lambda: F.batch_norm(X2, p="inf", topk=3),
+    ),
     ("topk=n", lambda: F.batch_norm(X2, p="inf", topk=16), lambda: F.batch_norm(X2, p="inf", topk=16)),
     ("num_groups=np.int64(3)", lambda: F.group_norm(X4, np.int64(3)), lambda: F.group_norm(X4, 3)),
-    ("virtual_batch_size=np.int64(4)", lambda: F.batch_norm(X2, virtual_batch_size=np.int64(4)),
-     lambda: F.batch_norm(X2, virtual_batch_size=4)),
+    (
+        "virtual_batch_size=np.int64(4)",
+        lambda: F.batch_norm(X2, virtual_batch_size=np.int64(4)),
+        lambda: F.batch_norm(X2, virtual_batch_size=4),
+    ),
     ("axis=np.int64(-1)", lambda: F.batch_norm(X2, axis=np.int64(-1)), lambda: F.batch_norm(X2, axis=-1)),
-    ("axis=np.int64 tuple", lambda: F.layer_norm(X4, axis=(np.int64(1), np.int64(2))),
-     lambda: F.layer_norm(X4, axis=(1, 2))),
-    ("k=np.int64(2)", lambda: F.expected_topk_abs_normal(10, k=np.int64(2)),
-     lambda: F.expected_topk_abs_normal(10, k=2)),
+    (
+        "axis=np.int64 tuple",
+        lambda: F.layer_norm(X4, axis=(np.int64(1), np.int64(2))),
+        lambda: F.layer_norm(X4, axis=(1, 2)),
+    ),
+    (
+        "k=np.int64(2)",
+        lambda: F.expected_topk_abs_normal(10, k=np.int64(2)),
+        lambda: F.expected_topk_abs_normal(10, k=2),
+    ),
     ("epsilon=0 unit_norm", lambda: F.unit_norm(V2, epsilon=0.0), lambda: F.unit_norm(V2)),
-    ("epsilon=0 batch_norm", lambda: F.batch_norm(X2, epsilon=0),
-     lambda: (X2 - X2.mean(0)) / X2.std(0)),
+    ("epsilon=0 batch_norm", lambda: F.batch_norm(X2, epsilon=0), lambda: (X2 - X2.mean(0)) / X2.std(0)),
     ("epsilon=np.float32", lambda: F.layer_norm(X2, epsilon=np.float32(1e-5)), lambda: F.layer_norm(X2)),
-    ("mean_only=np.bool_", lambda: F.batch_norm(X2, mean_only=np.bool_(True)),
-     lambda: F.batch_norm(X2, mean_only=True)),
-    ("gain=np.float64", lambda: F.scaled_weight_norm(V2, 1.0, gain=np.float64(2.0)),
-     lambda: F.scaled_weight_norm(V2, 1.0, gain=2.0)),
-    ("gain=1/N", lambda: F.scaled_weight_norm(V2, 1.0, gain=1 / 3),
-     lambda: F.scaled_weight_norm(V2, 1.0, gain=0.3333333333333333)),
-    ("rho per unit", lambda: F.bounded_weight_norm(V2, jnp.full(4, 2.0)),
-     lambda: F.bounded_weight_norm(V2, 2.0)),
-    ("nn momentum=1", lambda: jn.BatchNorm(use_running_average=False, momentum=1.0).init(KEY, X2),
-     lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2)),
-    ("nn momentum=0", lambda: jn.BatchNorm(use_running_average=False, momentum=0.0).init(KEY, X2),
-     lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2)),
-    ("nn p=np.int64(1)", lambda: jn.BatchNorm(use_running_average=False, p=np.int64(1)).init(KEY, X2),
-     lambda: jn.BatchNorm(use_running_average=False, p=1).init(KEY, X2)),
-    ("nn num_groups=np.int64(2)", lambda: jn.GroupNorm(num_groups=np.int64(2)).init(KEY, X4),
-     lambda: jn.GroupNorm(num_groups=2).init(KEY, X4)),
-    ("nnx num_groups=np.int64(2)", lambda: jnnx.GroupNorm(6, np.int64(2), rngs=nnx.Rngs(0))(X4),
-     lambda: jnnx.GroupNorm(6, 2, rngs=nnx.Rngs(0))(X4)),
-    ("nnx topk=np.int64(3)",
-     lambda: jnnx.BatchNorm(4, p="inf", topk=np.int64(3), rngs=nnx.Rngs(0))(X2),
-     lambda: jnnx.BatchNorm(4, p="inf", topk=3, rngs=nnx.Rngs(0))(X2)),
+    (
+        "mean_only=np.bool_",
+        lambda: F.batch_norm(X2, mean_only=np.bool_(True)),
+        lambda: F.batch_norm(X2, mean_only=True),
+    ),
+    (
+        "gain=np.float64",
+        lambda: F.scaled_weight_norm(V2, 1.0, gain=np.float64(2.0)),
+        lambda: F.scaled_weight_norm(V2, 1.0, gain=2.0),
+    ),
+    (
+        "gain=1/N",
+        lambda: F.scaled_weight_norm(V2, 1.0, gain=1 / 3),
+        lambda: F.scaled_weight_norm(V2, 1.0, gain=0.3333333333333333),
+    ),
+    (
+        "rho per unit",
+        lambda: F.bounded_weight_norm(V2, jnp.full(4, 2.0)),
+        lambda: F.bounded_weight_norm(V2, 2.0),
+    ),
+    (
+        "nn momentum=1",
+        lambda: jn.BatchNorm(use_running_average=False, momentum=1.0).init(KEY, X2),
+        lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2),
+    ),
+    (
+        "nn momentum=0",
+        lambda: jn.BatchNorm(use_running_average=False, momentum=0.0).init(KEY, X2),
+        lambda: jn.BatchNorm(use_running_average=False).init(KEY, X2),
+    ),
+    (
+        "nn p=np.int64(1)",
+        lambda: jn.BatchNorm(use_running_average=False, p=np.int64(1)).init(KEY, X2),
+        lambda: jn.BatchNorm(use_running_average=False, p=1).init(KEY, X2),
+    ),
+    (
+        "nn num_groups=np.int64(2)",
+        lambda: jn.GroupNorm(num_groups=np.int64(2)).init(KEY, X4),
+        lambda: jn.GroupNorm(num_groups=2).init(KEY, X4),
+    ),
+    (
+        "nnx num_groups=np.int64(2)",
+        lambda: jnnx.GroupNorm(6, np.int64(2), rngs=nnx.Rngs(0))(X4),
+        lambda: jnnx.GroupNorm(6, 2, rngs=nnx.Rngs(0))(X4),
+    ),
+    (
+        "nnx topk=np.int64(3)",
+        lambda: jnnx.BatchNorm(4, p="inf", topk=np.int64(3), rngs=nnx.Rngs(0))(X2),
+        lambda: jnnx.BatchNorm(4, p="inf", topk=3, rngs=nnx.Rngs(0))(X2),
+    ),
 ]
 
 
@@ -435,6 +491,7 @@ def test_linen_batch_norm_complex_input_like_flax():
     xc = _complex_input()
     ours, theirs = jn.BatchNorm(use_running_average=False), fnn.BatchNorm(use_running_average=False)
     v_ours, v_theirs = ours.init(KEY, xc), theirs.init(KEY, xc)
+
     def kinds(tree):
         return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
 
@@ -478,7 +535,15 @@ def test_complex_batch_norm_p1_is_refused_by_name_or_defined():
 def test_issue_examples_are_in_the_table():
     """The examples quoted in issue 14 are rows of MALFORMED."""
     ids = " ".join(row.id for row in MALFORMED)
-    for example in ("momentum=1.5", "epsilon=-1.0", "mean_only='no'", "gain=0.0", "gain=-2.0",
-                    "k=2.5", "axis=None", "scale=float32[3]"):
+    for example in (
+        "momentum=1.5",
+        "epsilon=-1.0",
+        "mean_only='no'",
+        "gain=0.0",
+        "gain=-2.0",
+        "k=2.5",
+        "axis=None",
+        "scale=float32[3]",
+    ):
         assert example in ids, example
     assert math.isfinite(float(F.expected_topk_abs_normal(10, k=2)))

@@ -402,8 +402,8 @@ def test_check_grads_activation(x64, p):
 
 
 def test_check_grads_l2_statistics_second_order(x64):
-    """p = 2 statistics on one device have a written-out derivative (so that their huge-input branch is
-    never differentiated): against finite differences to second order, with channel groups and masks."""
+    """p = 2 statistics (shifted sums, Chan's merge of a group's channels, masks) against finite
+    differences to second order."""
     x = jnp.asarray(normal((3, 4, 4, 6), seed=51, loc=0.5))
     mask = jnp.asarray(np.random.default_rng(52).random(x.shape) < 0.7)
     for f in (

@@ -44,8 +44,7 @@ OPTIMIZERS = {
     "nesterov": lambda: optax.sgd(0.05, momentum=0.9, nesterov=True),
     "adam": lambda: optax.adam(1e-2),
     "adamw": lambda: optax.adamw(1e-2, weight_decay=1e-3),
-    "chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(),
-                                 optax.scale(-1e-2)),
+    "chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(), optax.scale(-1e-2)),
     "inject": lambda: optax.inject_hyperparams(optax.sgd)(learning_rate=0.05, momentum=0.9),
 }
 
@@ -93,12 +92,10 @@ def test_eq10_state_law(name):
             assert len(f_got) == len(f_ref) and len(s_got) == len(s_ref)
             assert (len(f_got) > 0) == (name != "sgd")
             for got, ref in zip(f_got, f_ref, strict=True):
-                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)),
-                                              strict=True):
+                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)), strict=True):
                     np.testing.assert_allclose(g * w_new, r * w_old, rtol=1e-9, atol=1e-18)
             for got, ref in zip(s_got, s_ref, strict=True):
-                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)),
-                                              strict=True):
+                for g, r, w_new, w_old in zip(*map(jax.tree.leaves, (got, ref, new, stepped)), strict=True):
                     np.testing.assert_allclose(g * w_new**2, r * w_old**2, rtol=1e-9, atol=1e-20)
             # continue the reference from the balanced point with the transformed state
             params, inner_state = new, state.inner_state
@@ -111,8 +108,7 @@ def test_balancing_changes_momentum():
         grads = jax.grad(functools.partial(loss, model))(params, x, y)
         _, state = tx.update(grads, tx.init(params), params)
         _, ref = plain.update(grads, plain.init(params), params)
-        diff = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
-                                            state.inner_state, ref))
+        diff = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), state.inner_state, ref))
         assert max(diff) > 1e-6
 
 
@@ -127,10 +123,12 @@ def test_function_preserved_and_jit():
         return optax.apply_updates(params, updates), state
 
     new, state = step(params, tx.init(params))
-    stepped = optax.apply_updates(params, optax.adam(1e-2).update(
-        grads, optax.adam(1e-2).init(params), params)[0])
-    np.testing.assert_allclose(model.apply({"params": new}, x),
-                               model.apply({"params": stepped}, x), rtol=1e-5, atol=1e-6)
+    stepped = optax.apply_updates(
+        params, optax.adam(1e-2).update(grads, optax.adam(1e-2).init(params), params)[0]
+    )
+    np.testing.assert_allclose(
+        model.apply({"params": new}, x), model.apply({"params": stepped}, x), rtol=1e-5, atol=1e-6
+    )
     assert int(state.count) == 1
 
 
@@ -159,7 +157,8 @@ class _OddState(NamedTuple):
 
 def test_unknown_state_raises_at_init():
     odd = optax.GradientTransformation(
-        lambda p: _OddState(jax.tree.map(jnp.zeros_like, p)), lambda u, s, p=None: (u, s))
+        lambda p: _OddState(jax.tree.map(jnp.zeros_like, p)), lambda u, s, p=None: (u, s)
+    )
     _, params, _, _ = setup32()
     with pytest.raises(TypeError, match="_OddState"):
         enorm(optax.chain(odd, optax.sgd(0.1))).init(params)
@@ -205,3 +204,62 @@ _SHARDED = textwrap.dedent("""
 
 def test_sharded_params_match_single_device():
     assert "OK" in run_on_devices(_SHARDED)
+
+
+def _imbalanced(dtype, scale0):
+    rng = np.random.default_rng(3)
+    return {
+        "Dense_0": {
+            "kernel": jnp.asarray(rng.normal(size=(3, 5)) * scale0, dtype),
+            "bias": jnp.asarray(rng.normal(size=5) * scale0, dtype),
+        },
+        "Dense_1": {"kernel": jnp.asarray(rng.normal(size=(5, 4)), dtype), "bias": jnp.zeros(4, dtype)},
+        "Dense_2": {"kernel": jnp.asarray(rng.normal(size=(4, 2)), dtype), "bias": jnp.zeros(2, dtype)},
+    }
+
+
+def _forward64(params, x):
+    q = jax.tree.map(lambda v: np.asarray(jnp.asarray(v, jnp.float32), np.float64), params)
+    for name in ("Dense_0", "Dense_1"):
+        x = np.maximum(x @ q[name]["kernel"] + q[name]["bias"], 0.0)
+    return x @ q["Dense_2"]["kernel"] + q["Dense_2"]["bias"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_update_lands_exactly(dtype):
+    """bf16 / f16 params: applying the update gives enorm_balance(stepped) bit for bit (old code:
+    the update (b - w).astype(bf16) rounded, e.g. 7 w for a scale 8)."""
+    params = _imbalanced(dtype, 20.0)
+    grads = jax.tree.map(lambda v: jnp.full_like(v, 0.01), params)
+    tx, plain = enorm(optax.sgd(0.1)), optax.sgd(0.1)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    stepped = optax.apply_updates(params, plain.update(grads, plain.init(params), params)[0])
+    want, scales = enorm_balance(stepped, return_scales=True)
+    assert all(float(jnp.max(jnp.abs(jnp.log2(s)))) <= 4 for s in scales)  # within max_scale: no box
+    new = optax.apply_updates(params, updates)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(want), strict=True):
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_float32_large_rescale_lands_within_tolerance():
+    """A float32 layer 1e6 times too large: unbounded, the first update b - p lands on rounding
+    noise (the function moves); with the default max_scale (16 per junction per update) the
+    function is kept to float32 precision and the imbalance is removed over a few updates."""
+    params = _imbalanced(jnp.float32, 1e6)
+    x = np.random.default_rng(4).normal(size=(6, 3))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    devs = {}
+    for max_scale in (None, 16.0):
+        tx, current = enorm(optax.sgd(0.1), max_scale=max_scale), params
+        state = tx.init(current)
+        for _ in range(4):
+            updates, state = tx.update(zeros, state, current)
+            current = optax.apply_updates(current, updates)
+        devs[max_scale] = rel_err(_forward64(current, x), _forward64(params, x))
+    assert devs[16.0] < 1e-5 < devs[None], devs
+    assert float(jnp.max(jnp.abs(current["Dense_0"]["kernel"]))) < 1e3  # mostly balanced by now
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))

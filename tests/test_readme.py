@@ -23,7 +23,7 @@ PAGES = {
     DOCS / "diagnostics.md": 2,
     DOCS / "data.md": 1,
     DOCS / "training.md": 1,
-    DOCS / "scale_invariance.md": 2,
+    DOCS / "scale_invariance.md": 5,
 }
 # pages whose examples read the offline Fashion-MNIST (Debian package dataset-fashion-mnist)
 NEEDS_FMNIST = {DOCS / "data.md"}

@@ -16,6 +16,7 @@ import pytest
 from fmnist import needs_fmnist
 
 from experiments import __main__ as cli
+from experiments import analysis
 from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm
 from jaxnorm.train import experiment
 
@@ -33,6 +34,7 @@ REPRO_CONFIGS = (
     "cifar10_resnet56_norm_matters",
     "cifar10_wrs",
     "cifar10_vgg11_norm_matters",
+    "imagenet_enorm_resnet18",
 )
 
 
@@ -264,3 +266,191 @@ def test_cifar10_vgg11_norm_matters_sweep_runs_on_mock_cifar(tmp_path):
         assert sorted(saved.files) == [f"conv_{i}/kernel" for i in range(8)]  # not the classifier
         assert saved["conv_0/kernel"].shape == (1, 4)  # 3 updates recorded every 10: one row; 64 / 16
     assert not (tmp_path / "exp_quick" / "no_wd_mimicry" / "recorded_norms.npz").exists()
+
+
+def _resolved(name, variant=None):
+    """The config ``name`` (with grid.py variant ``variant`` applied) over the experiment defaults."""
+    if variant is not None:
+        return _variant_config(name, variant)
+    config = experiment.experiment_defaults()
+    config.update(grid.load_module(name).get_config())
+    return config
+
+
+def test_cifar10_wrs_encodes_liu_et_al_settings():
+    """Batch 100 (Supp. B.2), tau from Table S1 (40 for every VGG16 cell, ResNet-18 / C10: 20 SGDM,
+    40 AdamW), WD 5e-4 on kernels and gammas for WD, on the gammas only for WRS, BWN with WD on the
+    last layer, 200 epochs with decays at 60 / 120 / 160, AdamW + WRS 100 epochs."""
+    module = grid.load_module("cifar10_wrs")
+    taus = {}
+    for variant in module.VARIANTS:
+        config = _resolved("cifar10_wrs", variant)
+        assert config.dataset.batch_size == 100, variant
+        assert config.optimizer.weight_decay == 5e-4, variant
+        assert tuple(config.optimizer.boundaries) == (0.3, 0.6, 0.8), variant
+        if "wrs" in tuple(config.optimizer.wrappers):
+            taus[variant] = config.optimizer.wrapper_kwargs.wrs.tau
+            assert config.optimizer.weight_decay_mask == "bn_scales", variant
+        elif variant.endswith("bwn"):
+            assert (config.model.norm, config.optimizer.weight_decay_mask) == ("bwn", "last_layer")
+        else:
+            assert config.optimizer.weight_decay_mask == "all", variant
+        adamw_wrs = variant.endswith("adamw+wrs")
+        assert config.num_epochs == (100.0 if adamw_wrs else 200.0), variant
+        assert config.optimizer.name == ("adamw" if "adamw" in variant else "momentum"), variant
+    assert taus == {
+        "sgdm+wrs": 40,
+        "adamw+wrs": 40,
+        "resnet18 sgdm+wrs": 20,
+        "resnet18 adamw+wrs": 40,
+    }
+    assert _resolved("cifar10_wrs", "resnet18 sgdm+wd").model.name == "resnet18"
+    runs = dict(experiment.expand_sweep(cli.load_config("cifar10_wrs", [])))
+    assert runs["sgdm+wrs"].optimizer.wrapper_kwargs.wrs.tau == 40
+    assert runs["sgdm+wrs"].dataset.batch_size == 100
+
+
+def test_cifar10_vgg11_norm_matters_runs_the_authors_80_epochs():
+    """80 epochs, lr / 10 every 20 (StepLR(num_epochs // 4)), WD on every parameter in the reference
+    and on the last layer (kernel and bias) elsewhere, batch 128 (eladhoffer/norm_matters)."""
+    config = _resolved("cifar10_vgg11_norm_matters")
+    assert config.num_epochs == 80.0 and config.dataset.batch_size == 128
+    assert tuple(config.optimizer.boundaries) == (0.25, 0.5, 0.75)
+    assert _resolved("cifar10_vgg11_norm_matters", "wd").optimizer.weight_decay_mask == "all"
+    for variant in ("no_wd", "no_wd_mimicry", "lr_schedule", "norm_schedule", "constant_lr"):
+        assert _resolved("cifar10_vgg11_norm_matters", variant).optimizer.weight_decay_mask == "last_layer"
+
+
+def test_fmnist_effective_lr_keeps_the_masks_its_committed_runs_used():
+    """The results JSON was produced with WD on every kernel (wd) / the classifier's kernel (others)."""
+    masks = {
+        v: _resolved("fmnist_effective_lr", v).optimizer.weight_decay_mask
+        for v in grid.load_module("fmnist_effective_lr").VARIANTS
+    }
+    assert masks == {"wd": "kernels", **{v: "last_kernel" for v in masks if v != "wd"}}
+    assert _resolved("fmnist_effective_lr").num_epochs == 3.0
+
+
+@pytest.mark.parametrize(
+    ("name", "lrs", "groups", "epochs", "batch"),
+    [
+        ("cifar10_enorm_fc", (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1), (5, 10, 20, 50), 60.0, 256),
+        ("cifar10_enorm_nv", (0.01, 0.05, 0.1), (4, 8, 16, 32, 64), 128.0, 128),
+    ],
+)
+def test_enorm_cifar_configs_sweep_the_papers_cross_validation_grids(name, lrs, groups, epochs, batch):
+    """The built-in sweep is the paper's learning-rate grid, evaluated on the validation split; GN
+    has one variant per group count of the paper's grid."""
+    config = cli.load_config(name, [])
+    assert config.sweep.key == "optimizer.learning_rate" and tuple(config.sweep.grid) == lrs
+    assert (config.dataset.train_split, config.dataset.eval_split) == ("train_minus_validation", "validation")
+    assert config.num_epochs == epochs and config.dataset.batch_size == batch
+    variants = grid.load_module(name).VARIANTS
+    assert sorted(v["model.kwargs.num_groups"] for k, v in variants.items() if k.startswith("gn-")) == list(
+        groups
+    )
+
+
+def test_imagenet_table4_config_encodes_the_batch_size_rules():
+    """Sec. 6.3: lr 0.1 B / 256, WD 1e-5 / 10^-4.5 / 1e-4 / 1e-4 for B = 32 / 64 / 128 / 256, 90
+    epochs, type-C ResNet-18, final BN for baseline and ENorm, GN 32 groups."""
+    module = grid.load_module("imagenet_enorm_resnet18")
+    assert len(module.VARIANTS) == 16
+    expected_wd = {32: 1e-5, 64: 10**-4.5, 128: 1e-4, 256: 1e-4}
+    for b, wd in expected_wd.items():
+        config = _resolved("imagenet_enorm_resnet18", f"enorm-1 b{b}")
+        assert config.dataset.batch_size == b
+        assert math.isclose(config.optimizer.learning_rate, 0.1 * b / 256)
+        assert math.isclose(config.optimizer.weight_decay, wd)
+        assert config.model.kwargs.final_bn and config.optimizer.wrapper_kwargs.enorm.c == 1.0
+    config = _resolved("imagenet_enorm_resnet18", "gn b64")
+    assert config.model.kwargs.num_groups == 32 and not config.model.kwargs.final_bn
+    assert config.num_epochs == 90.0 and config.model.kwargs.shortcut == "C"
+    assert config.dataset.name == "imagenet2012" and config.model.kwargs.stem == "imagenet"
+
+
+def test_experiments_show_accepts_the_imagenet_config(capsys):
+    assert cli.main(["experiments", "show", "imagenet_enorm_resnet18"]) == 0
+    assert "runs: bn, gn" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("block", analysis.blocks())
+def test_writeup_blocks_are_the_rendering_of_the_committed_results(block):
+    """Every number of REPRODUCTION.md's summary (and other rendered blocks) comes from
+    experiments/results: rerun ``python -m experiments.analysis --write`` after changing either."""
+    assert analysis.committed(block) == analysis.rendered(block)
+
+
+def test_transcribed_statistics_match_the_writeup_tables():
+    """Each transcribed (mean, population std) appears in the section tables of REPRODUCTION.md."""
+    with open(analysis.WRITEUP) as f:
+        text = f.read()
+    groups = analysis.load_results("writeup_transcribed")["groups"]
+    for key, entry in groups.items():
+        if "values" in entry:
+            assert all(f"{v:.2f}" in text for v in entry["values"]), key
+            continue
+        forms = [f"{entry['mean']:.{d}f} ± {entry['std_ddof0']:.{d}f}" for d in (2, 3)]
+        assert any(form in text for form in forms), (key, forms)
+
+
+def test_welch_from_summaries_matches_scipy_on_the_values():
+    from scipy import stats
+
+    a, b = [88.1, 88.4, 88.0], [87.6, 87.9, 87.2, 87.5]
+    ga, gb = analysis.from_values(a), analysis.from_values(b)
+    np.testing.assert_allclose(ga.std, np.std(a, ddof=1))
+    diff, p = analysis.welch(ga, gb)
+    np.testing.assert_allclose(diff, np.mean(a) - np.mean(b))
+    np.testing.assert_allclose(p, stats.ttest_ind(a, b, equal_var=False).pvalue, rtol=1e-10)
+    pop = analysis.from_population_std(np.mean(a), np.std(a), 3)  # the write-up's ddof = 0 std
+    np.testing.assert_allclose(pop.std, ga.std, rtol=1e-12)
+    assert np.isnan(analysis.welch(analysis.from_values([1.0]), gb)[1])
+    assert analysis.fmt_p(0.0004) == "p < 0.001" and analysis.fmt_p(0.0312) == "p = 0.03"
+
+
+def test_analysis_rejects_bad_references_naming_them():
+    with pytest.raises(ValueError, match="'<results file>:<group>'"):
+        analysis.group("no_colon")
+    with pytest.raises(ValueError, match="no group 'nope'"):
+        analysis.group("writeup_transcribed:nope")
+    with pytest.raises(ValueError, match="no results file"):
+        analysis.group("missing_file:x")
+    with pytest.raises(ValueError, match="two group references"):
+        analysis.render("{d:writeup_transcribed:norm_matters/l2bn}")
+    with pytest.raises(ValueError, match="n must be an int >= 2"):
+        analysis.from_population_std(1.0, 0.1, 1)
+
+
+def test_norm_schedule_dips_come_from_the_untransported_running_statistics():
+    """The rerun without the BN-statistics transport dips by 10-13 points right after the norm jumps,
+    with it by under one point; the final evaluations agree."""
+    dips = [
+        a - b
+        for (_, a), (_, b) in zip(
+            analysis.curve("fmnist_effective_lr_no_transport:norm_schedule"),
+            analysis.curve("fmnist_effective_lr:lr_schedule"),
+            strict=True,
+        )
+    ]
+    assert -14 < dips[0] < -10 and -14 < dips[1] < -10 and abs(dips[2]) < 0.5
+    moved = [
+        a - b
+        for (_, a), (_, b) in zip(
+            analysis.curve("fmnist_effective_lr:norm_schedule"),
+            analysis.curve("fmnist_effective_lr:lr_schedule"),
+            strict=True,
+        )
+    ]
+    assert max(abs(d) for d in moved) < 1.0
+
+
+def test_linf_constant_overestimates_sigma_by_about_1_4():
+    """C(n) E max|x - mean| / sigma on Gaussian batches of 128: the quadrature and a Monte Carlo agree."""
+    from jaxnorm.functional import linf_constant
+
+    ratio = analysis.linf_overestimate(128)
+    assert 1.39 < ratio < 1.41
+    z = np.random.default_rng(0).standard_normal((4000, 128))
+    mc = np.mean(np.abs(z - z.mean(1, keepdims=True)).max(1)) * float(linf_constant(128))
+    np.testing.assert_allclose(mc, ratio, rtol=0.01)

@@ -6,7 +6,8 @@ unit l2 norm) matches or beats weight decay (WD) with SGD-momentum and AdamW (e.
 SGDM 92.37 vs 92.24, AdamW 93.32 vs 92.40), and BWN + mean-only BN converges fastest early on.
 Scaled down for 2 CPU cores: a 3 x 256 ReLU MLP with BN on Fashion-MNIST, 3 epochs, batch 128;
 SGDM lr 0.1, AdamW lr 1e-3, cosine. WD: 5e-4 (L2, SGDM) and 0.05 (decoupled, AdamW); WRS tau 20 (SGDM)
-/ 40 (AdamW), Table S1; the per-unit norms are logged, giving the weight-norm dynamics (Figs. 2-3:
+/ 40 (AdamW): Table S1's ResNet-18 / CIFAR-10 values (for VGG16 it gives 40 in every cell); the
+per-unit norms are logged, giving the weight-norm dynamics (Figs. 2-3:
 growth without WD, decay with WD). ``python -m experiments fmnist_wrs`` sweeps the SGDM regularizers
 for one seed; ``python experiments/scripts/grid.py fmnist_wrs`` runs all ``VARIANTS`` x ``SEEDS``.
 """
@@ -24,10 +25,15 @@ VARIANTS = {
     "adamw+wd": {**_ADAMW, "optimizer.weight_decay": 0.05},
     "adamw+wrs": {**_ADAMW, "optimizer.wrappers": ("wrs",), "optimizer.wrapper_kwargs": {"wrs": {"tau": 40}}},
     "adamw+bwn": {**_ADAMW, "model.norm": "bwn"},
-    "sgdm+wrs, state rescaled": {"optimizer.wrappers": ("wrs_state",),
-                                 "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 20}}},
-    "adamw+wrs, state rescaled": {**_ADAMW, "optimizer.wrappers": ("wrs_state",),
-                                  "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 40}}},
+    "sgdm+wrs, state rescaled": {
+        "optimizer.wrappers": ("wrs_state",),
+        "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 20}},
+    },
+    "adamw+wrs, state rescaled": {
+        **_ADAMW,
+        "optimizer.wrappers": ("wrs_state",),
+        "optimizer.wrapper_kwargs": {"wrs_state": {"tau": 40}},
+    },
 }
 """grid.py variants: base optimizer x regularizer (none, WD, WRS, BWN + mean-only BN); WRS with the
 optimizer's state rescaled with the weights (``wrs_state``) vs left alone (``wrs``)."""

@@ -6,7 +6,9 @@ optimizer state rescaled) on the convolutional networks of Liu et al.'s Table 1,
 model.name=resnet18 "model.kwargs={'width': 16}"`` (ResNet-18 + BN, CIFAR stem, 16 ... 128
 channels), on the first 10,000 Fashion-MNIST training images (28 x 28; no augmentation), 4
 epochs, batch 128, cosine decay; SGDM lr 0.1, AdamW lr 1e-3; WD 5e-4 (L2) with SGDM and 0.05
-(decoupled) with AdamW; WRS tau 20 (SGDM) / 40 (AdamW) as in Table S1. Paper: VGG16 / ResNet-18 on
+(decoupled) with AdamW; WRS tau 20 (SGDM) / 40 (AdamW): Table S1's ResNet-18 / CIFAR-10 values
+(for VGG16 Table S1 gives 40 in every cell, so the VGG11 + SGDM runs do not use the paper's tau).
+Paper: VGG16 / ResNet-18 on
 CIFAR-10/100, 200 epochs (``cifar10_wrs``). ``python experiments/scripts/grid.py fmnist_wrs_conv``.
 """
 

@@ -20,7 +20,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -32,7 +32,8 @@ from jaxnorm.enorm.spec import Junction, chain, entry_index, get_leaf, unwrap_va
 from jaxnorm.enorm.trees import is_nnx_state, is_variables, split_params
 
 __all__ = [
-    "Plan", "Slice", "apply_scale", "check_c", "check_cycles", "check_p", "compute_dtype",
+    "Plan", "Slice", "apply_scale", "check_c", "check_cycles", "check_max_scale", "check_p",
+    "compute_dtype",
     "enorm_balance", "flatten_params", "junction_scale", "multipliers", "objective", "plan_spec",
 ]
 
@@ -88,8 +89,8 @@ def check_c(c: Any, what: str) -> None:
         value = np.asarray(c)
     except Exception:
         raise ValueError(f"{what}: c must be a number > 0, got {type(c).__name__}") from None
-    if value.ndim != 0 or not (np.issubdtype(value.dtype, np.floating)
-                               or np.issubdtype(value.dtype, np.integer)):
+    if value.ndim != 0 or not (jnp.issubdtype(value.dtype, jnp.floating)  # bfloat16 too
+                               or jnp.issubdtype(value.dtype, jnp.integer)):
         raise ValueError(f"{what}: c must be a real scalar > 0, got {c!r}")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"{what}: c must be > 0 and finite, got {c!r}")
@@ -110,6 +111,17 @@ def check_cycles(cycles: Any, what: str) -> None:
             raise ValueError(f"{what}: cycles must be >= 0, got {int(cycles)}")
         return
     raise ValueError(f"{what}: cycles must be an integer >= 0, got {type(cycles).__name__} {cycles!r}")
+
+
+def check_max_scale(max_scale: Any, what: str) -> float | None:
+    """``max_scale``: ``None`` or a static real number > 1 (``inf`` means no bound); as a float."""
+    if max_scale is None:
+        return None
+    if isinstance(max_scale, bool) or not isinstance(max_scale, int | float | np.integer | np.floating):
+        raise ValueError(f"{what}: max_scale must be None or a number > 1, got {max_scale!r}")
+    if not max_scale > 1:
+        raise ValueError(f"{what}: max_scale must be > 1, got {max_scale!r}")
+    return None if math.isinf(max_scale) else float(max_scale)
 
 
 def _check_bool(value: Any, name: str, what: str) -> None:
@@ -186,9 +198,13 @@ def compute_dtype(leaf: jax.Array) -> Any:
     return jnp.promote_types(leaf.dtype, jnp.float32)
 
 
-def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float) -> jax.Array:
-    """Per unit: ``sum |w|^p`` over the slice (``max |w|`` for p = inf)."""
+def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float,
+                scale: jax.Array | None = None) -> jax.Array:
+    """Per unit: ``sum |w / scale|^p`` over the slice (``max |w|`` for p = inf); ``scale`` a
+    per-unit ``(units,)`` divisor (None: 1)."""
     a = jnp.abs(leaf.astype(compute_dtype(leaf)))
+    if scale is not None:
+        a = a / _factor(scale.astype(a.dtype), s, leaf.ndim)
     if p == 2:
         a = jnp.square(a)
     elif p != 1 and p != math.inf:
@@ -200,6 +216,28 @@ def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float) -> jax.Array:
     segment = jax.ops.segment_max if p == math.inf else jax.ops.segment_sum
     out = segment(a.ravel(), jnp.asarray(seg), num_segments=units + 1)[:units]
     return jnp.maximum(out, 0.0)  # segment_max of an empty segment is -inf
+
+
+def _power_of_two_below(x: jax.Array) -> jax.Array:
+    """``2^floor(log2 x)`` for positive finite ``x``, exactly (``jnp.exp2`` is not exact on CPU)."""
+    _, exponent = jnp.frexp(x)  # x = m 2^e with 0.5 <= m < 1
+    return jnp.ldexp(jnp.ones_like(x), exponent - 1)
+
+
+def _log_norms(leaves, slices, units: int, p: float) -> tuple[jax.Array, jax.Array]:
+    """``(log ||.||_p, ok)`` per unit over ``slices`` (the p-norm of all their entries of that unit),
+    without overflow or underflow: each unit is first divided by the power of two at or below its
+    largest entry (exact), so ``|w|^p`` of entries near 1e20 (float32) or 1e-20 stays finite and
+    nonzero. ``ok``: the norm is positive and finite."""
+    biggest = _combine([_unit_power(leaves[s.leaf], s, units, math.inf) for s in slices], math.inf)
+    if p == math.inf:
+        ok = (biggest > 0) & jnp.isfinite(biggest)
+        return jnp.log(jnp.where(ok, biggest, 1.0)), ok
+    ok = (biggest > 0) & jnp.isfinite(biggest)
+    scale = _power_of_two_below(jnp.where(ok, biggest, 1.0))
+    total = _combine([_unit_power(leaves[s.leaf], s, units, p, scale) for s in slices], p)
+    ok = ok & (total > 0) & jnp.isfinite(total)
+    return jnp.log(scale) + jnp.log(jnp.where(ok, total, 1.0)) / p, ok
 
 
 def _factor(d: jax.Array, s: Slice, ndim: int) -> jax.Array:
@@ -220,28 +258,35 @@ def _combine(terms: list[jax.Array], p: float) -> jax.Array:
 
 
 def junction_scale(leaves, plan: Plan, p: float, c: Any, count_biases: bool,
-                   power_of_two: bool = False) -> jax.Array:
+                   power_of_two: bool = False, bounds: tuple | None = None) -> jax.Array:
     """``d = sqrt(R / (c L))`` per unit (float32 or wider), 1 where L or R is zero or the result is
     not finite; NaN everywhere for a (traced) c <= 0. With ``power_of_two``, ``d`` is rounded to
     the nearest power of two in log space, ``2^round(log2 d)``: the best such factor for the
     convex 1-D objective ``d^p L^p + c^-p d^-p R^p`` (symmetric in ``log d`` around its minimum),
     so a cycle still does not increase the objective, and multiplying by it is exact in every
-    binary float format (no rounding, no drift of the function)."""
-    left = [_unit_power(leaves[s.leaf], s, plan.units, p)
-            for s in plan.producers if count_biases or not s.bias]
-    right = [_unit_power(leaves[s.leaf], s, plan.units, p) for s in plan.consumers]
-    dtype = jnp.result_type(*left, *right)
+    binary float format (no rounding, no drift of the function). ``bounds``: ``(lo, hi)`` per-unit
+    limits on ``log d`` (the box of :func:`enorm_balance`'s ``max_scale``); clipping the 1-D
+    minimiser to an interval gives the interval's minimiser, so the objective still does not
+    increase."""
+    left = [s for s in plan.producers if count_biases or not s.bias]
+    dtype = jnp.result_type(*[compute_dtype(leaves[s.leaf]) for s in (*left, *plan.consumers)])
     if not left:
         return jnp.ones((plan.units,), dtype)
-    lp, rp = _combine(left, p).astype(dtype), _combine(right, p).astype(dtype)
-    ok = (lp > 0) & (rp > 0)
-    safe_l, safe_r = jnp.where(ok, lp, 1.0), jnp.where(ok, rp, 1.0)
-    exponent = 0.5 if p == math.inf else 0.5 / p
+    log_l, ok_l = _log_norms(leaves, left, plan.units, p)
+    log_r, ok_r = _log_norms(leaves, plan.consumers, plan.units, p)
+    ok = ok_l & ok_r
     c = jnp.asarray(c, dtype)
-    log_d = exponent * (jnp.log(safe_r) - jnp.log(safe_l)) - 0.5 * jnp.log(jnp.where(c > 0, c, 1.0))
+    log_d = 0.5 * (log_r - log_l).astype(dtype) - 0.5 * jnp.log(jnp.where(c > 0, c, 1.0))
+    log_d = jnp.where(ok & jnp.isfinite(log_d), log_d, 0.0)
     if power_of_two:
-        log_d = jnp.round(log_d / math.log(2.0)) * math.log(2.0)
-    d = jnp.exp(log_d)
+        k = jnp.round(log_d / math.log(2.0))
+        if bounds is not None:
+            k = jnp.clip(k, *bounds)
+        d = jnp.ldexp(jnp.ones_like(log_d), k.astype(jnp.int32))
+    else:
+        if bounds is not None:
+            log_d = jnp.clip(log_d, *bounds)
+        d = jnp.exp(log_d)
     d = jnp.where(ok & jnp.isfinite(d), d, jnp.ones_like(d))
     return jnp.where(c > 0, d, jnp.nan)
 
@@ -255,10 +300,21 @@ def apply_scale(leaves: list, plan: Plan, d: jax.Array) -> None:
 
 
 def _cycle(leaves: list, plans: Sequence[Plan], p: float, c: Any, count_biases: bool,
-           exact: Sequence[bool]):
+           exact: Sequence[bool], totals: Sequence[jax.Array], max_scale: float | None):
+    """One BCD cycle; with ``max_scale``, each junction's scale is kept such that its running
+    total (over the cycles of this call) stays in ``[1 / max_scale, max_scale]``."""
     scales = []
-    for plan, power_of_two in zip(plans, exact, strict=True):
-        d = junction_scale(leaves, plan, p, c, count_biases, power_of_two)
+    for plan, power_of_two, total in zip(plans, exact, totals, strict=True):
+        bounds = None
+        if max_scale is not None:
+            log_total = jnp.log(total)
+            if power_of_two:  # totals are exact powers of two; so are the bounds
+                top = math.floor(math.log2(max_scale))
+                k = jnp.round(log_total / math.log(2.0))
+                bounds = (-top - k, top - k)
+            else:
+                bounds = (-math.log(max_scale) - log_total, math.log(max_scale) - log_total)
+        d = junction_scale(leaves, plan, p, c, count_biases, power_of_two, bounds)
         apply_scale(leaves, plan, d)
         scales.append(d)
     return scales
@@ -276,10 +332,11 @@ def _plan_key(plans: tuple[Plan, ...]) -> tuple:
 _CACHE: dict[tuple, Any] = {}
 
 
-def _compiled(plans: tuple[Plan, ...], p: float, count_biases: bool, exact: tuple[bool, ...]):
-    """One jitted runner per (spec layout, p, count_biases, power-of-two flags): all cycles in one
-    ``fori_loop``."""
-    key = (_plan_key(plans), p, count_biases, exact)
+def _compiled(plans: tuple[Plan, ...], p: float, count_biases: bool, exact: tuple[bool, ...],
+              max_scale: float | None = None):
+    """One jitted runner per (spec layout, p, count_biases, power-of-two flags, max_scale): all
+    cycles in one ``fori_loop``."""
+    key = (_plan_key(plans), p, count_biases, exact, max_scale)
     if key in _CACHE:
         return _CACHE[key]
 
@@ -287,7 +344,7 @@ def _compiled(plans: tuple[Plan, ...], p: float, count_biases: bool, exact: tupl
         def body(_, carry):
             current, totals = carry
             current = list(current)
-            scales = _cycle(current, plans, p, c, count_biases, exact)
+            scales = _cycle(current, plans, p, c, count_biases, exact, totals, max_scale)
             totals = tuple(t * s.astype(t.dtype) for t, s in zip(totals, scales, strict=True))
             return tuple(current), totals
 
@@ -324,6 +381,7 @@ def enorm_balance(
     return_scales: bool = False,
     count_biases: bool = False,
     power_of_two: bool | None = None,
+    max_scale: float | None = None,
 ) -> PyTree | tuple[PyTree, tuple[jax.Array, ...]]:
     """Run ``cycles`` ENorm cycles: params of the same structure computing the same function.
 
@@ -331,7 +389,9 @@ def enorm_balance(
     ``d_j = sqrt(R_j / (c L_j))`` with ``L_j`` / ``R_j`` the p-norms of the unit's incoming (producer)
     and outgoing (consumer) weights as they are after the previous updates; producers are
     multiplied by ``d_j``, consumers divided by it. Norms and scales are computed in float32 (or
-    the params' wider dtype). All cycles run in one ``lax.fori_loop``, so the whole call is a
+    the params' wider dtype), each unit first divided by the power of two at or below its largest
+    entry, so that float32 entries ~1e20 or ~1e-20 neither overflow nor underflow in ``|w|^p``.
+    All cycles run in one ``lax.fori_loop``, so the whole call is a
     single compiled computation for any ``cycles`` (also a traced one); it is compiled once per
     spec layout and reused across calls.
 
@@ -360,6 +420,11 @@ def enorm_balance(
         dtype and no cycle moves the function by rounding (the balance is then within a factor
         sqrt(2) per unit, and no cycle increases the objective). ``None`` (default): only for
         junctions with a leaf narrower than float32 (float16, bfloat16).
+      max_scale: ``None`` (default) or a number > 1: keep every junction's accumulated scale over
+        this call in ``[1 / max_scale, max_scale]`` (rounded down to a power of two where scales
+        are powers of two). Each junction update is then the minimiser within that box, so no
+        cycle increases the objective; a larger imbalance is removed over several calls.
+        :func:`jaxnorm.optim.enorm` uses it so that its updates land on the balanced params.
 
     Returns:
       ``params`` balanced (same container, structure and dtypes), or ``(params, scales)`` with one
@@ -383,13 +448,14 @@ def enorm_balance(
     _check_bool(count_biases, "count_biases", what)
     if power_of_two is not None:
         _check_bool(power_of_two, "power_of_two", what)
+    max_scale = check_max_scale(max_scale, what)
     inner, rebuild = split_params(params)
     if spec is None:
         spec = chain(inner)
     plans = plan_spec(inner, spec, what)
     leaves, treedef, _ = flatten_params(inner)
     leaves = [jnp.asarray(x) for x in leaves]
-    run = _compiled(plans, p, count_biases, _exact_flags(leaves, plans, power_of_two))
+    run = _compiled(plans, p, count_biases, _exact_flags(leaves, plans, power_of_two), max_scale)
     out_leaves, totals = run(tuple(leaves), c, cycles)
     result = rebuild(jax.tree_util.tree_unflatten(treedef, list(out_leaves)))
     return (result, totals) if return_scales else result
@@ -402,7 +468,8 @@ def multipliers(params: PyTree, spec: Sequence[Junction], scales: Sequence[jax.A
     its consumer scales along theirs (Stock et al. 2019, Sec. 3.6: the ``D_{k-1}^-1 W_k D_k`` of
     Eq. 2). Leaves outside the spec get ``None``. The tree has the structure of the bare params
     (``params["params"]`` for a variables dict; an ``nnx.State`` for an ``nnx.State``, so that it
-    lines up with optimizer states built on it); leaves broadcast against the params leaves.
+    lines up with optimizer states built on it; a ``FrozenDict`` for a ``FrozenDict``); leaves
+    broadcast against the params leaves.
     """
     inner, _ = unwrap_variables(params)
     bare = params["params"] if is_variables(params) else params
@@ -417,7 +484,9 @@ def multipliers(params: PyTree, spec: Sequence[Junction], scales: Sequence[jax.A
             f = f if power == 1 else 1.0 / f
             factors[s.leaf] = f if factors[s.leaf] is None else factors[s.leaf] * f
     out = jax.tree_util.tree_unflatten(treedef, factors)
-    return nnx.State(out) if is_nnx_state(bare) else out
+    if is_nnx_state(bare):
+        return nnx.State(out)
+    return type(bare)(out) if isinstance(bare, Mapping) and not isinstance(bare, dict) else out
 
 
 def _levels(spec: Sequence[Junction]) -> dict[tuple, int]:

@@ -63,7 +63,8 @@ def check(
         raise ValueError("check: apply_fn returns outputs of different structure or shapes")
     if rtol is None:
         rtol = _default_rtol([jnp.asarray(o) for o in out_before])
-    elif isinstance(rtol, bool) or not (isinstance(rtol, int | float) and rtol >= 0):
+    elif isinstance(rtol, bool | np.bool_) or not (
+            isinstance(rtol, int | float | np.integer | np.floating) and rtol >= 0):
         raise ValueError(f"check: rtol must be a number >= 0, got {rtol!r}")
     a = [np.asarray(o, np.float64) for o in out_after]
     b = [np.asarray(o, np.float64) for o in out_before]

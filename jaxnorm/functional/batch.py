@@ -30,7 +30,6 @@ from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
 from jaxnorm.functional.dispersion import dispersion_moments
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
-from jaxnorm.functional.reduction import Statistics
 
 __all__ = [
     "BatchOptions",
@@ -89,13 +88,11 @@ def batch_moments(
     Reduces over every axis but ``axis`` (the feature axis or axes). Arguments as :func:`batch_stats`;
     ``mean_only=True`` returns ``(mean, None)``. With ``virtual_batch_size=v`` the leading (batch) axis
     is split into ``x.shape[0] // v`` ghost batches with statistics of their own, returned stacked on a
-    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype. ``var`` overflows to
-    ``inf`` where ``sigma_hat**2`` exceeds the dtype's range (``sigma_hat > 1.8e19`` in float32);
-    :func:`batch_stats`, :func:`batch_norm` and the norms stay finite there.
+    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype.
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
-    stats = batch_statistics(
+    return batch_statistics(
         x,
         options,
         axis=axis,
@@ -104,7 +101,6 @@ def batch_moments(
         axis_index_groups=axis_index_groups,
         keepdims=keepdims,
     )
-    return stats.mean, None if stats.var is None else stats.var * stats.unit * stats.unit
 
 
 def batch_statistics(
@@ -116,10 +112,8 @@ def batch_statistics(
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
     keepdims: bool = False,
-) -> Statistics:
-    """:func:`batch_moments` with the options as one validated value (:func:`check_batch_options`),
-    the variance in units (:class:`~.reduction.Statistics`: ``sigma_hat**2 = var * unit**2``, with
-    ``unit`` 1 on ordinary input and a power of two where ``sigma_hat**2`` would overflow)."""
+) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    """:func:`batch_moments` with the options as one validated value (:func:`check_batch_options`)."""
     check_floating(x, "x")
     if not isinstance(options, BatchOptions):
         raise TypeError(f"options must be a BatchOptions (see check_batch_options), got {options!r}")
@@ -166,12 +160,13 @@ def batch_statistics(
                 f"topk={options.topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, "
                 f"axis={axis!r})"
             )
-    stats = dispersion_moments(
+    mean, var = dispersion_moments(
         x, reduce_axes, options, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    if keepdims:
-        return stats
-    return Statistics(*(None if a is None else jnp.squeeze(a, reduce_axes) for a in stats))
+    if not keepdims:
+        mean = jnp.squeeze(mean, reduce_axes)
+        var = None if var is None else jnp.squeeze(var, reduce_axes)
+    return mean, var
 
 
 def batch_stats(
@@ -215,10 +210,10 @@ def batch_stats(
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, False, use_fast_variance)
-    stats = batch_statistics(
+    mean, var = batch_statistics(
         x, options, axis=axis, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    return stats.mean, _sqrt_zero_slope_at_zero(stats.var) * stats.unit
+    return mean, _sqrt_zero_slope_at_zero(var)
 
 
 @jax.custom_jvp
@@ -262,7 +257,7 @@ def batch_norm(
     epsilon = check_epsilon(epsilon)
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
-    stats = batch_statistics(
+    mean, var = batch_statistics(
         x,
         options,
         axis=axis,
@@ -271,14 +266,7 @@ def batch_norm(
         axis_index_groups=axis_index_groups,
         keepdims=True,
     )
-    return normalize_batch(
-        x,
-        stats.mean,
-        stats.var,
-        virtual_batch_size=options.virtual_batch_size,
-        epsilon=epsilon,
-        unit=stats.unit,
-    )
+    return normalize_batch(x, mean, var, virtual_batch_size=options.virtual_batch_size, epsilon=epsilon)
 
 
 def normalize_batch(
@@ -291,12 +279,10 @@ def normalize_batch(
     bias: jnp.ndarray | None = None,
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
-    unit: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """:func:`normalize` with keepdims batch statistics, per ghost batch when ``virtual_batch_size``
     is given (the statistics then carry the leading ghost axis of :func:`batch_moments`)."""
     if virtual_batch_size is None:
-        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
+        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
     ghosts = ghost_batches(x, virtual_batch_size)
-    y = normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
-    return y.reshape(x.shape)
+    return normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype).reshape(x.shape)

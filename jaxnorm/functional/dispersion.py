@@ -8,8 +8,7 @@ Sec. 2, Eq. 1) over any reduction axes, with channel groups and devices, one sma
 - mean only: the mean, no dispersion (Salimans & Kingma 2016, Sec. 2.2)
 
 :func:`dispersion_moments` picks one from :data:`DISPERSIONS` and returns ``(mu, sigma_hat**2)``, so that
-every norm is ``(x - mu) * rsqrt(var + eps)``, ``var`` in units of a power of two that keeps it
-finite on huge input (:mod:`.units`). Every mean is exact for a constant group (which then
+every norm is ``(x - mu) * rsqrt(var + eps)``. Every mean is exact for a constant group (which then
 normalizes to exactly 0); a group that a mask leaves empty gets mean 0 and variance 1
 (:func:`~jaxnorm.functional.reduction.empty_statistics`). Across the devices of ``axis_name`` L2, L∞ and
 top-k take one collective, L1 and mean-only two.
@@ -28,29 +27,29 @@ from jaxnorm.functional.dispersion_linf import linf_statistics
 from jaxnorm.functional.dispersion_topk import topk_statistics
 from jaxnorm.functional.moments import ChannelGroups, group_combine, local_moments
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.reduction import Reduction, Statistics, exact_mean, masked_mean
+from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
 
 __all__ = ["DISPERSIONS", "dispersion_kind", "dispersion_moments", "mean_statistics"]
 
 
-def mean_statistics(r: Reduction, options: BatchOptions) -> Statistics:
-    """``(mean, None, None)``: the mean only, exact for constant groups (one correction pass, and a ``psum``
+def mean_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, None]:
+    """``(mean, None)``: the mean only, exact for constant groups (one correction pass, and a ``psum``
     across devices)."""
     moments = group_combine(local_moments(r.x, r.axes, mask=r.mask, with_m2=False), r.groups)
     if r.axis_name is not None:
         moments, _, _ = gather_combine(moments, r.axis_name, r.axis_index_groups)
     moments = masked_mean(moments, r.mask)
-    return Statistics(masked_mean(moments._replace(mean=exact_mean(moments, r)), r.mask).mean, None, None)
+    return masked_mean(moments._replace(mean=exact_mean(moments, r)), r.mask).mean, None
 
 
-DISPERSIONS: dict[object, Callable[[Reduction, BatchOptions], Statistics]] = {
+DISPERSIONS: dict[object, Callable[[Reduction, BatchOptions], tuple]] = {
     2: l2_statistics,
     1: l1_statistics,
     "inf": linf_statistics,
     "topk": topk_statistics,
     "mean": mean_statistics,
 }
-"""The :class:`~.reduction.Statistics` of a :class:`~.reduction.Reduction`, by kind
+"""``(mean, sigma_hat**2)`` of a :class:`~jaxnorm.functional.reduction.Reduction`, by kind
 (:func:`dispersion_kind`)."""
 
 
@@ -70,10 +69,9 @@ def dispersion_moments(
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
     groups: ChannelGroups | None = None,
-) -> Statistics:
-    """``(mean, (sigma_hat / unit)**2, unit)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the
-    engine of every norm. ``unit`` is a power of two, 1 on ordinary input (:mod:`.units`); ``var`` and
-    ``unit`` are ``None`` with ``options.mean_only``.
+) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    """``(mean, sigma_hat**2)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of every
+    norm. ``(mean, None)`` with ``options.mean_only``.
 
     The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
     reduction; ``axis_name`` merges devices (``axis_index_groups``: per group of devices).

@@ -23,9 +23,8 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
 from jaxnorm.functional.reduction import (
     Reduction,
-    Statistics,
     deviation_sum,
-    dispersion_statistics,
+    empty_statistics,
     exact_mean,
     masked_mean,
 )
@@ -33,7 +32,7 @@ from jaxnorm.functional.reduction import (
 __all__ = ["abs_deviation_sum", "l1_statistics"]
 
 
-def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+def l1_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(mean, sigma_hat**2)`` with the L1 ``sigma_hat``, keepdims; the mean exact for constant groups."""
     moments_source, deviations = separate_reads(r.x, 2)
     r = r._replace(deviations=deviations)
@@ -49,7 +48,7 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
         moments = masked_mean(moments, r.mask)
         dispersion, correction = _cross_device_dispersion(moments, local_count, r)
     mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
-    return dispersion_statistics(mean, dispersion, moments.count, r.mask)
+    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
 
 
 def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:

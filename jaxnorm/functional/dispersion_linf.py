@@ -21,9 +21,8 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
 from jaxnorm.functional.reduction import (
     Reduction,
-    Statistics,
     column_extreme,
-    dispersion_statistics,
+    empty_statistics,
     exact_mean_from_extremes,
     masked_extremes,
     masked_mean,
@@ -32,7 +31,7 @@ from jaxnorm.functional.reduction import (
 __all__ = ["linf_statistics", "max_deviation"]
 
 
-def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+def linf_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(mean, sigma_hat**2)`` with the calibrated L∞ ``sigma_hat``, keepdims; the mean exact for
     constant groups."""
     moments_source, extremes_source = separate_reads(r.x, 2)
@@ -56,7 +55,7 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     constant = linf_calibration(moments.count, None, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
-    return dispersion_statistics(mean, dispersion, moments.count, r.mask)
+    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))

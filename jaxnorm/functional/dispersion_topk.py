@@ -27,8 +27,7 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import separate_reads
 from jaxnorm.functional.reduction import (
     Reduction,
-    Statistics,
-    dispersion_statistics,
+    empty_statistics,
     exact_mean,
     exact_mean_from_extremes,
     largest_divisor,
@@ -39,7 +38,7 @@ from jaxnorm.functional.reduction import (
 __all__ = ["TOPK_BLOCK", "topk_statistics"]
 
 
-def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+def topk_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(mean, sigma_hat**2)`` with the calibrated top-k ``sigma_hat``, keepdims; the mean exact for
     constant groups."""
     k = options.topk
@@ -59,7 +58,7 @@ def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     constant = linf_calibration(moments.count, k, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact), r.mask).mean
-    return dispersion_statistics(mean, dispersion, moments.count, r.mask)
+    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
 
 
 def _topk_mean(largest: jnp.ndarray, mean: jnp.ndarray, count: jnp.ndarray, k: int) -> jnp.ndarray:

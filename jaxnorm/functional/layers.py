@@ -118,7 +118,7 @@ def batch_norm_layer(
         )
         return BatchNormOutput(y, running_mean, running_var)
 
-    mean, var, unit = batch_statistics(
+    mean, var = batch_statistics(
         x,
         options,
         axis=feature_axes,
@@ -131,7 +131,6 @@ def batch_norm_layer(
         x,
         mean,
         var,
-        unit=unit,
         virtual_batch_size=options.virtual_batch_size,
         scale=scale,
         bias=bias,
@@ -144,7 +143,7 @@ def batch_norm_layer(
         running_mean,
         running_var,
         mean,
-        None if var is None else var * unit * unit,  # inf where sigma_hat**2 overflows
+        var,
         _occupied(x, feature_axes, mask, options.virtual_batch_size, axis_name, axis_index_groups),
         momentum,
         ghosts=options.virtual_batch_size is not None,

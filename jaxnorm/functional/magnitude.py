@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_epsilon, check_positive_values
+from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
 from jaxnorm.functional.weight import unit_norm
 
 __all__ = ["MP_SILU_SCALE", "mp_concat", "mp_normalize", "mp_silu", "mp_sum", "mp_weight"]
@@ -37,6 +37,7 @@ has it."""
 
 
 def _fan_in(v: jnp.ndarray) -> int:
+    check_floating(v, "v")
     if v.ndim < 2 or v.shape[-1] == 0 or v.size == 0:
         raise ValueError(
             f"v must be a kernel of rank >= 2 with output units last and no empty axis, got shape {v.shape}"
@@ -77,6 +78,7 @@ def mp_weight(v: jnp.ndarray, gain: float | jnp.ndarray = 1.0, *, epsilon: float
 
 def mp_silu(x: jnp.ndarray) -> jnp.ndarray:
     """``silu(x) / 0.596`` (EDM2, Sec. 3.3): unit second moment for standard normal input."""
+    check_floating(x, "x")
     return jax.nn.silu(x) / jnp.asarray(MP_SILU_SCALE, x.dtype)
 
 
@@ -90,6 +92,12 @@ def mp_sum(a: jnp.ndarray, b: jnp.ndarray, t: float = 0.5) -> jnp.ndarray:
     """``((1 - t) a + t b) / sqrt((1 - t)^2 + t^2)`` (EDM2, Sec. 3.3, Eq. 6): the weighted sum of two
     uncorrelated unit-variance signals at unit variance (``t = 0.3`` for EDM2's residual branches)."""
     t = _check_t(t)
+    check_floating(a, "a")
+    check_floating(b, "b")
+    try:
+        jnp.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(f"a and b must broadcast together, got shapes {a.shape} and {b.shape}") from None
     return ((1.0 - t) * a + t * b) / math.sqrt((1.0 - t) ** 2 + t**2)
 
 
@@ -107,6 +115,8 @@ def mp_concat(a: jnp.ndarray, b: jnp.ndarray, t: float = 0.5, *, axis: int = -1)
             f"axis must be an int in [-{a.ndim}, {a.ndim}) for inputs of shapes {shapes}, got {axis!r}"
         )
     axis %= a.ndim
+    if a.shape[:axis] + a.shape[axis + 1 :] != b.shape[:axis] + b.shape[axis + 1 :]:
+        raise ValueError(f"a and b must have the same shape except along axis {axis}, got shapes {shapes}")
     na, nb = a.shape[axis], b.shape[axis]
     c = math.sqrt((na + nb) / ((1.0 - t) ** 2 + t**2))
     wa = c * (1.0 - t) / math.sqrt(na) if na else 0.0

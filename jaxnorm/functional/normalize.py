@@ -34,7 +34,6 @@ from jaxnorm.functional.dispersion import dispersion_moments
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct
-from jaxnorm.functional.units import inverse_std
 
 __all__ = [
     "RELU_MEAN",
@@ -58,13 +57,8 @@ def normalize(
     bias: jnp.ndarray | None = None,
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
-    unit: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """``y = (x - mean) * rsqrt(var + epsilon) * scale + bias`` (Ioffe & Szegedy 2015, Alg. 1).
-
-    With ``unit`` (a power of two broadcasting like ``var``), ``var`` is the variance in units of
-    ``unit**2`` and ``rsqrt(var + epsilon)`` becomes ``rsqrt(var + epsilon / unit**2) / unit``: the
-    statistics of huge activations stay finite (:mod:`jaxnorm.functional.units`).
 
     ``var=None`` gives mean-only normalization ``(x - mean) * scale + bias``. ``mean``/``var``/``scale``/
     ``bias`` broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype``
@@ -84,8 +78,7 @@ def normalize(
     check_broadcasts(var, x.shape, "var")
     check_broadcasts(scale, x.shape, "scale")
     check_broadcasts(bias, x.shape, "bias")
-    check_broadcasts(unit, x.shape, "unit")
-    inv = None if var is None else inverse_std(var, epsilon, unit)
+    inv = None if var is None else lax.rsqrt(var + epsilon)
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
@@ -146,10 +139,10 @@ def _last_axis_norm(
     Custom JVP (Ba et al. 2016, Sec. 3, differentiated): with ``m(.)`` the mean over the last axis,
     ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))`` (RMS: without ``m(dx)``); its
     transpose is the usual ``rsqrt(var + eps) * (g - m(g) - xhat * m(xhat g))``,
-    ``g = cotangent * scale``, two row reductions, where autodiff of the two-pass formula
-    differentiates through the mean twice. Each full-size use of ``xhat`` in the tangent recomputes it
-    from its own copy of the row statistics, so the backward pass writes no temporary (timings in
-    ``docs/benchmarks.md``, finding 2).
+    ``g = cotangent * scale``, two row reductions (autodiff of the two-pass formula would differentiate
+    through the mean twice). Each full-size use of ``xhat`` in the tangent recomputes it from its own
+    copy of the row statistics, so the backward pass writes no full-size temporary (measurements in
+    ``docs/benchmarks.md``).
     """
     mean, inv = _row_statistics(x, epsilon, centred)
     return _centre(x, mean) * (inv * scale) + bias
@@ -161,34 +154,15 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     Centred: the plain mean ``m = mean(x)``, then one pass over ``d = x - m`` for both its mean and
     its mean square (the shifted-data algorithm about ``m``): ``mean = m + mean(d)`` and
     ``var = mean(d^2) - mean(d)^2``. A constant row has the exact mean (its ``d`` is one constant) and
-    normalizes to exactly 0. The squares are taken in the fixed unit of :func:`row_unit` (a power of
-    two, :mod:`.units`): ``rsqrt(var + eps) = (1 / u) / sqrt(mean((d / u)^2) + eps / u^2)``, exact scaling, so
-    huge rows do not overflow, with no branch and no extra reduction (XLA keeps the row one kernel).
+    normalizes to exactly 0; XLA still fuses the row's normalization into one kernel.
     """
-    per_unit = 1 / row_unit(x.dtype)  # exact: a power of two
     if not centred:
-        mean_square = jnp.mean(jnp.square(x * per_unit), -1, keepdims=True)
-        return None, _inverse_std_in_row_units(mean_square, epsilon, per_unit)
+        return None, lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + epsilon)
     rough = jnp.mean(x, -1, keepdims=True)
-    d = x * per_unit - rough * per_unit  # (x - rough) / unit exactly, one multiply-add per element
+    d = x - rough
     correction = jnp.mean(d, -1, keepdims=True)
     var = jnp.maximum(jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction), 0)
-    return rough + correction * row_unit(x.dtype), _inverse_std_in_row_units(var, epsilon, per_unit)
-
-
-def _inverse_std_in_row_units(var: jnp.ndarray, epsilon: float, per_unit: float) -> jnp.ndarray:
-    """``rsqrt(var * unit**2 + epsilon)`` for ``var`` in the small fixed unit of :func:`row_unit`, as
-    ``(1 / unit) / sqrt(var + epsilon / unit**2)``: every intermediate derivative stays in range
-    (``rsqrt``'s own, ``-var**-1.5 / 2``, overflows on such small ``var`` in second derivatives)."""
-    return per_unit / jnp.sqrt(var + epsilon * per_unit * per_unit)
-
-
-def row_unit(dtype: jnp.dtype) -> float:
-    """``2**(maxexp / 2 - 16)`` of ``dtype`` (``2**48`` in float32, ``2**496`` in float64): the squares of
-    deviations up to ``2**(maxexp - 16)`` (5e33 in float32) stay finite in this unit, and those that
-    fall below the smallest normal number (deviations under ``2**-15`` in float32) change the variance
-    by at most ``2**-53`` (float32; ``2**-82`` in float64), far below any ``epsilon`` in use."""
-    return 2.0 ** (jnp.finfo(dtype).maxexp // 2 - 16)
+    return rough + correction, lax.rsqrt(var + epsilon)
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
@@ -246,12 +220,10 @@ def per_example_norm(
         )
         return y.astype(dtype or x.dtype)
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance)
-    stats = dispersion_moments(
+    mean, var = dispersion_moments(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    return normalize(
-        x, stats.mean, stats.var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=stats.unit
-    )
+    return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
 
 
 def layer_norm(
@@ -301,8 +273,8 @@ def group_norm(
     The ``C`` channels are split into ``num_groups`` contiguous groups; statistics are taken per example
     and group over all non-batch axes. Computed as per-channel reductions over the spatial axes followed
     by a merge of the ``C / num_groups`` channels of each group (Chan's formula for ``p = 2``, a sum or
-    max for ``p = 1`` / ``inf``): the large reduction keeps the contiguous channel axis, where a reshape
-    to ``(..., G, C / G)`` first would reduce a strided one (timings in ``docs/benchmarks.md``).
+    max for ``p = 1`` / ``inf``): the large reduction keeps the contiguous channel axis instead of
+    reshaping to ``(..., G, C / G)`` first (measured in ``docs/benchmarks.md``).
     """
     check_floating(x, "x")
     if x.ndim < 2:
@@ -360,7 +332,7 @@ def rms_norm(
     The mean square is float32 (or wider), over the True elements of ``mask`` if given, and, with
     ``axis_name``, averaged over a mapped axis. ``scale`` (broadcastable to ``x``; the gain ``g`` of
     Eq. 4) gives ``y * scale``, computed as ``x * (rsqrt(mean(x^2) + epsilon) * scale)``: one product
-    per element with a broadcast factor, flax's order (``docs/benchmarks.md``, finding 2).
+    per element with a broadcast factor.
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")

@@ -20,15 +20,12 @@ from jax import lax
 
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.moments import ChannelGroups, Moments, group_reduce, keepdims_shape
-from jaxnorm.functional.units import squared_in_units
 
 __all__ = [
     "WIDE_ROW",
     "Reduction",
-    "Statistics",
     "column_extreme",
     "deviation_sum",
-    "dispersion_statistics",
     "empty_statistics",
     "exact_mean",
     "exact_mean_from_extremes",
@@ -61,25 +58,6 @@ class Reduction(NamedTuple):
         if self.axis_name is None:
             return stat
         return lax.psum(stat, self.axis_name, axis_index_groups=self.axis_index_groups)
-
-
-class Statistics(NamedTuple):
-    """What a dispersion returns, keepdims: ``mean``; ``var = (sigma_hat / unit)**2`` (``None`` for the
-    mean only); ``unit``, a power of two that is 1 on ordinary input (:mod:`jaxnorm.functional.units`),
-    or ``None`` (1)."""
-
-    mean: jnp.ndarray
-    var: jnp.ndarray | None
-    unit: jnp.ndarray | None
-
-
-def dispersion_statistics(
-    mean: jnp.ndarray, sigma: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None
-) -> Statistics:
-    """:class:`Statistics` from ``sigma_hat`` (representable where its square may not be), with
-    :func:`empty_statistics` where a group keeps no element of ``mask``."""
-    var, unit = squared_in_units(sigma)
-    return Statistics(mean, empty_statistics(var, count, mask), unit)
 
 
 def masked_mean(moments: Moments, mask: jnp.ndarray | None) -> Moments:
@@ -144,8 +122,8 @@ def column_extreme(values: jnp.ndarray, axes: tuple[int, ...], op: Callable) -> 
     When ``axes`` are the leading axes, fewer than ``WIDE_ROW / 2`` features remain (a batch norm over a
     narrow layer) and the values are float32 or wider, ``w`` rows are reduced side by side, as a
     ``(rows / w, w * features)`` view with rows of up to ``WIDE_ROW`` elements, then the ``w`` partial
-    results. That is exact for a max or a min; XLA:CPU reduces the wider rows faster, bf16 columns
-    slower, so bf16 keeps the plain reduction (``docs/benchmarks.md``, finding 5).
+    results. That is exact for a max or a min; bf16 keeps the plain reduction (why, and the measurements:
+    ``docs/benchmarks.md``).
     """
     features = math.prod(values.shape[len(axes) :])
     rows = values.size // features

@@ -7,7 +7,7 @@ over all axes but the last and has shape ``(out,)``.
 References:
   Salimans & Kingma, *Weight normalization* (NeurIPS 2016), Sec. 2 (Eq. 2) and Sec. 3 (data-dependent init).
   Arpit, Campos & Bengio, *How to initialize your network? Robust initialization for WeightNorm & ResNets*
-    (NeurIPS 2019); Arpit, *Normalization techniques* (tutorial slides), Sec. 5.
+    (NeurIPS 2019); Arpit, *Normalization techniques* (slides), Sec. 5.
   Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 4 (bounded weight norm).
   Qiao et al., *Micro-batch training with batch-channel normalization and weight standardization* (2019);
   Brock et al., *High-performance large-scale image recognition without normalization* (2021),

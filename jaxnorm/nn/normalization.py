@@ -214,8 +214,8 @@ class GroupNorm(nn.Module):
     """Group normalization (Wu & He 2018) with an L2, L1 or L∞ dispersion; drop-in for flax's.
 
     Attributes as ``flax.linen.GroupNorm`` (``num_groups=32`` or ``group_size``, ``reduction_axes``)
-    plus ``p``. Computed as per-channel reductions merged per group (see
-    :func:`jaxnorm.functional.group_norm`; timings in ``docs/benchmarks.md``).
+    plus ``p``. Computed as per-channel reductions merged per group (:func:`jaxnorm.functional.group_norm`;
+    speed against flax in ``docs/benchmarks.md``).
     """
 
     num_groups: int | None = 32

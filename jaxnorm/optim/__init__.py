@@ -1,5 +1,6 @@
 """optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
 
+from jaxnorm.optim.enorm import MAX_STEP_SCALE as MAX_STEP_SCALE
 from jaxnorm.optim.enorm import EnormState as EnormState
 from jaxnorm.optim.enorm import enorm as enorm
 from jaxnorm.optim.masks import scale_invariant_mask as scale_invariant_mask
@@ -8,13 +9,28 @@ from jaxnorm.optim.mimicry import WDMimicryState as WDMimicryState
 from jaxnorm.optim.mimicry import record_norms as record_norms
 from jaxnorm.optim.mimicry import reference_schedule as reference_schedule
 from jaxnorm.optim.mimicry import wd_mimicry as wd_mimicry
+from jaxnorm.optim.norm_control import DecayToNormState as DecayToNormState
+from jaxnorm.optim.norm_control import adamwn as adamwn
+from jaxnorm.optim.norm_control import decay_to_norm as decay_to_norm
 from jaxnorm.optim.projection import BWNProjectionState as BWNProjectionState
 from jaxnorm.optim.projection import NormScheduleState as NormScheduleState
 from jaxnorm.optim.projection import bwn_projection as bwn_projection
 from jaxnorm.optim.projection import norm_schedule as norm_schedule
 from jaxnorm.optim.projection import norm_schedule_from_lr as norm_schedule_from_lr
+from jaxnorm.optim.radial import NOT_PROJECTED as NOT_PROJECTED
+from jaxnorm.optim.radial import PROJECTED_LAYER as PROJECTED_LAYER
+from jaxnorm.optim.radial import PROJECTED_UNITS as PROJECTED_UNITS
+from jaxnorm.optim.radial import RadialProjectionState as RadialProjectionState
+from jaxnorm.optim.radial import RadialState as RadialState
+from jaxnorm.optim.radial import adamp as adamp
+from jaxnorm.optim.radial import project_radial as project_radial
+from jaxnorm.optim.radial import radial_projection as radial_projection
+from jaxnorm.optim.radial import sgdp as sgdp
 from jaxnorm.optim.rescaling import WeightRescalingState as WeightRescalingState
 from jaxnorm.optim.rescaling import weight_rescaling as weight_rescaling
 from jaxnorm.optim.scales import last_scales as last_scales
+from jaxnorm.optim.sphere import SQRT_FAN_IN as SQRT_FAN_IN
+from jaxnorm.optim.sphere import SphereProjectionState as SphereProjectionState
+from jaxnorm.optim.sphere import sphere_projection as sphere_projection
 from jaxnorm.optim.state import register_state_rule as register_state_rule
 from jaxnorm.optim.state import rescale_state as rescale_state

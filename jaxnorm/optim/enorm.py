@@ -22,14 +22,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxnorm.enorm.balance import enorm_balance, multipliers
+from jaxnorm.enorm.balance import (
+    check_c,
+    check_cycles,
+    check_max_scale,
+    check_p,
+    enorm_balance,
+    multipliers,
+)
 from jaxnorm.enorm.spec import Junction, chain
+from jaxnorm.optim import landing
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 from jaxnorm.optim.state import rescale_state
 
-__all__ = ["EnormState", "enorm"]
+__all__ = ["MAX_STEP_SCALE", "EnormState", "enorm"]
 
 PyTree = Any
+
+# Per update, a junction is rescaled by at most this factor (an entry by at most its square).
+MAX_STEP_SCALE = 16.0
 
 
 class EnormState(NamedTuple):
@@ -48,12 +59,15 @@ def enorm(
     cycles: int = 1,
     every: int = 1,
     count_biases: bool = False,
+    max_scale: float | None = MAX_STEP_SCALE,
 ) -> optax.GradientTransformation:
     """Wrap ``inner``: apply it, run ENorm on the resulting params, rescale its state (Eq. 10).
 
-    The returned updates are ``balanced(params + inner_updates) - params``, so
-    ``optax.apply_updates`` yields the balanced params. Balancing happens after updates number
-    ``every``, ``2 * every``, ...; between them the wrapper is ``inner``.
+    The returned updates are ``balanced(params + inner_updates) - params``, computed in at least
+    float32 (:func:`jaxnorm.optim.landing.to_target`), so that ``optax.apply_updates`` lands on the
+    balanced params exactly in every dtype (a bfloat16 update ``7 w`` for a scale 8 would round).
+    Balancing happens after updates number ``every``, ``2 * every``, ...; between them the wrapper
+    is ``inner``.
 
     Args:
       inner: the optimizer, e.g. ``optax.sgd(0.1, momentum=0.9)``, ``optax.adam(1e-3)``,
@@ -61,18 +75,33 @@ def enorm(
       spec: junctions (see :func:`jaxnorm.enorm.discover`); ``None`` infers a chain.
       p, c, cycles, count_biases: as in :func:`jaxnorm.enorm.enorm_balance`.
       every: balance after every ``every``-th update (>= 1).
+      max_scale: the largest factor by which one update rescales a junction
+        (:data:`MAX_STEP_SCALE` = 16: a weight entry, producer of one junction and consumer of
+        another, moves by at most 256x); a larger imbalance (e.g. at init) is removed over several
+        updates, each still not increasing the ENorm objective (box-constrained cycles, see
+        :func:`jaxnorm.enorm.enorm_balance`). The bound is what makes the update land: optax adds
+        ``balanced - params`` to ``params`` in float32 (at least), which is exact for bfloat16 /
+        float16 params only if no entry moves by more than ``2^12`` (power-of-two scales), and
+        within ``2^-16`` relative for float32 params only if no entry shrinks by more than ``2^8``
+        (a float32 kernel ~1e20 balanced against one ~1 in one update would land on rounding
+        noise). ``None``: unbounded (exact balancing per update, for float64 or moderate scales).
 
     Returns:
       An ``optax.GradientTransformation`` whose ``update`` requires ``params``.
 
-    Works on plain pytrees and on ``nnx.State`` (inside ``nnx.Optimizer(model, tx, wrt=nnx.Param)``);
-    until :mod:`jaxnorm.enorm` accepts ``nnx.State`` itself, the wrapper converts it to nested dicts.
+    Works on any params container :func:`jaxnorm.enorm.enorm_balance` takes, natively: a params
+    dict, a ``FrozenDict``, an ``nnx.State`` of arrays (what ``nnx.Optimizer(model, tx,
+    wrt=nnx.Param)`` hands to optax) or of ``nnx.Variable`` objects (``nnx.state(model, nnx.Param)``).
+    ``inner``'s state is built on the params as given (an ``nnx.State`` momentum for ``nnx.State``
+    params), the Eq. 10 multipliers have the same structure, and the returned updates have the
+    structure and container type of the incoming updates.
 
     Raises:
       TypeError: ``inner`` is not an optax transformation; (at ``init``) a params leaf that is not
         floating.
-      ValueError: bad ``every``, ``p``, ``c``, ``cycles``; ``update`` called without params or with
-        updates whose structure or shapes differ from the params'.
+      ValueError: (at construction) bad ``every``, ``p``, ``c``, ``cycles``, ``count_biases``;
+        (at ``init``) a spec that does not fit the params; ``update`` called without params or
+        with updates whose structure or shapes differ from the params'.
       TypeError: (at ``init``) a state of ``inner`` whose transformation under rescaling is not
         known; register it with :func:`jaxnorm.optim.state.register_state_rule`.
 
@@ -81,8 +110,12 @@ def enorm(
     """
     check_inner(inner, "enorm")
     check_steps(every, "every", "enorm")
-    _check_cycles(cycles)
-    _check_c(c)
+    check_cycles(cycles, "enorm")
+    check_c(c, "enorm")
+    p = check_p(p, "enorm")
+    max_scale = check_max_scale(max_scale, "enorm")
+    if not isinstance(count_biases, bool | np.bool_):
+        raise ValueError(f"enorm: count_biases must be True or False, got {count_biases!r}")
 
     def junctions(params: PyTree) -> Sequence[Junction]:
         return chain(params) if spec is None else spec
@@ -103,63 +136,33 @@ def enorm(
         stepped = optax.apply_updates(params, updates)
         count = optax.safe_int32_increment(state.count)
 
-        def balance(x: PyTree):
-            return enorm_balance(x, the_spec, p=p, c=c, cycles=cycles, return_scales=True,
-                                 count_biases=count_biases)
+        fired = count % every == 0
+        # cycles = 0 on the other updates: a loop of no iteration, no norm computed, scales 1
+        balanced, scales = enorm_balance(
+            stepped,
+            the_spec,
+            p=p,
+            c=c,
+            cycles=cycles if every == 1 else jnp.where(fired, cycles, 0),
+            return_scales=True,
+            count_biases=count_biases,
+            max_scale=max_scale,
+        )
+        factors = multipliers(stepped, the_spec, scales)
+        inner_state = rescale_state(inner_state, factors)
 
-        if every == 1:
-            balanced, scales = balance(stepped)
-        else:
-            shapes = jax.eval_shape(balance, stepped)[1]
-            skip = lambda x: (x, tuple(jnp.ones(s.shape, s.dtype) for s in shapes))
-            balanced, scales = jax.lax.cond(count % every == 0, balance, skip, stepped)
-        inner_state = rescale_state(inner_state, multipliers(stepped, the_spec, scales))
-        new_updates = jax.tree.map(lambda b, w: (b - w).astype(w.dtype), balanced, params)
+        def leaf_update(w: jax.Array, u: jax.Array, b: jax.Array, m: jax.Array | None) -> jax.Array:
+            if m is None:  # outside the spec: the inner update as it is
+                return u
+            target = landing.to_target(w, u, b)
+            return target if every == 1 else jnp.where(fired, target, u.astype(target.dtype))
+
+        new_updates = jax.tree.map(
+            leaf_update, params, updates, balanced, factors, is_leaf=lambda x: x is None
+        )
         return new_updates, EnormState(count=count, inner_state=inner_state)
 
-    return pure_transform(as_dicts(init_fn), as_dicts(update_fn))
-
-
-def as_dicts(fn):
-    """Stop-gap until ``jaxnorm.enorm`` takes ``nnx.State``: run ``fn`` on nested dicts.
-
-    ``nnx.State`` arguments (params, updates) are converted with ``to_pure_dict()``; State-shaped
-    results are rebuilt from the dict results' leaves (both flatten in sorted key order).
-    """
-
-    def wrapped(*args, **kwargs):
-        states = [a for a in args if _is_state(a)]
-        if not states:
-            return fn(*args, **kwargs)
-        like = states[0]
-        result = fn(*[a.to_pure_dict() if _is_state(a) else a for a in args], **kwargs)
-        if isinstance(result, tuple) and not hasattr(result, "_fields"):  # (updates, state)
-            updates, state = result
-            return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(updates)), state
-        return result
-
-    return wrapped
-
-
-def _is_state(x: Any) -> bool:
-    return type(x).__name__ == "State" and callable(getattr(x, "to_pure_dict", None))
-
-
-def _check_cycles(cycles: Any) -> None:
-    if isinstance(cycles, jax.core.Tracer):
-        return
-    if isinstance(cycles, bool) or not isinstance(cycles, int | np.integer) or cycles < 0:
-        raise ValueError(f"enorm: cycles must be an integer >= 0, got {cycles!r}")
-
-
-def _check_c(c: Any) -> None:
-    if isinstance(c, jax.core.Tracer):
-        return
-    value = np.asarray(c)
-    if value.dtype == np.bool_ or not np.issubdtype(value.dtype, np.number) or value.ndim != 0:
-        raise TypeError(f"enorm: c must be a positive number, got {c!r}")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"enorm: c must be > 0 and finite, got {c!r}")
+    return pure_transform(init_fn, update_fn)
 
 
 def _check_floating(params: PyTree) -> None:

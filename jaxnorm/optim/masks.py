@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from jaxnorm.enorm.discover import scale_invariant_kernels
-from jaxnorm.enorm.spec import unwrap_variables
+from jaxnorm.enorm.trees import is_variables
 from jaxnorm.optim.rescaling import pure
 
 __all__ = ["scale_invariant_mask"]
@@ -43,9 +43,11 @@ def scale_invariant_mask(apply_fn: Callable, variables: PyTree, *args: Any, **kw
         as ``train=False`` are passed as they are.
 
     Returns:
-      A tree with the structure of the params (``variables["params"]`` for a variables dict; for an
-      ``nnx.State`` of params, an ``nnx.State`` of bools without ``Variable`` wrappers), usable as
-      ``mask=`` of ``optax.masked`` or :func:`jaxnorm.optim.weight_rescaling`.
+      A tree of bools in the container the params came in: for a variables dict, the structure
+      and container of ``variables["params"]``; for a params dict or ``FrozenDict``, the same;
+      for an ``nnx.State`` of params (with or without ``Variable`` wrappers), an ``nnx.State``
+      of bools without ``Variable`` wrappers, the pytree ``nnx.Optimizer`` passes to optax. It is
+      usable as ``mask=`` of ``optax.masked`` and of every :mod:`jaxnorm.optim` transform.
 
     NNX: pass ``nnx.state(model, nnx.Param)`` (or the params of ``nnx.split(model, nnx.Param, ...)``)
     and an ``apply_fn`` that merges them with the rest of the state taken as pure arrays, e.g.
@@ -55,9 +57,11 @@ def scale_invariant_mask(apply_fn: Callable, variables: PyTree, *args: Any, **kw
     cancels) is not recognised; build such layers with ``use_bias=False``.
     """
     flags = scale_invariant_kernels(apply_fn, variables, *args, **kwargs)
-    params, _ = unwrap_variables(variables)
-    return pure(jax.tree_util.tree_map_with_path(
-        lambda path, _: flags.get(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path),
-                                  False),
-        params,
-    ))
+    params = variables["params"] if is_variables(variables) else variables
+    return jax.tree_util.tree_map_with_path(lambda path, _: flags.get(_path_keys(path), False), pure(params))
+
+
+def _path_keys(path: tuple) -> tuple:
+    """A ``jax.tree_util`` key path as the tuple of plain keys the tracer uses (``("l1", "kernel")``,
+    ``("layers", 0, "kernel")``)."""
+    return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)

@@ -36,7 +36,14 @@ import optax
 
 from jaxnorm.functional.weight import project_to_norm, unit_norm
 from jaxnorm.optim import landing
-from jaxnorm.optim.rescaling import MaskOrFn, check_updates, ones_scales, pure_transform, resolve_mask
+from jaxnorm.optim.rescaling import (
+    MaskOrFn,
+    check_updates,
+    flatten_like_params,
+    ones_scales,
+    pure_transform,
+    resolve_mask,
+)
 from jaxnorm.optim.state import register_state_rule
 
 __all__ = [
@@ -91,7 +98,7 @@ def _check_positive(rho: Any, fn_name: str, name: str) -> None:
         if isinstance(leaf, jax.core.Tracer):
             continue
         value = np.asarray(leaf)
-        if not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
+        if not jnp.issubdtype(value.dtype, jnp.number) or value.dtype == np.bool_:  # bfloat16 too
             raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
         if np.any(~(value > 0)) or np.any(~np.isfinite(value)):
             raise ValueError(f"{fn_name}: {name} must be positive finite norms, got {leaf!r}")
@@ -103,7 +110,7 @@ def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: s
     if jax.tree_util.treedef_is_leaf(jax.tree.structure(rho)) and jnp.ndim(rho) == 0:
         return [rho] * treedef.num_leaves
     try:
-        flat = treedef.flatten_up_to(rho)
+        flat = flatten_like_params(params, rho)
     except (ValueError, TypeError) as err:
         raise ValueError(
             f"{fn_name}: target norms must be a scalar or a tree with the params structure "
@@ -245,7 +252,6 @@ def _initial_norms(p: jax.Array, layer: bool, path: str) -> jax.Array:
         )
     mean = jnp.sum(jnp.where(nonzero, norms, 0.0)) / jnp.maximum(count, 1)
     return jnp.full_like(norms, mean) if layer else jnp.where(nonzero, norms, mean)
-
 
 
 def norm_schedule(

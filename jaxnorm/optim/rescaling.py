@@ -49,6 +49,7 @@ __all__ = [
     "check_steps",
     "check_updates",
     "default_mask",
+    "flatten_like_params",
     "ones_scales",
     "pure",
     "pure_transform",
@@ -160,22 +161,30 @@ def resolve_mask(mask: MaskOrFn, params: PyTree, fn_name: str) -> PyTree:
 
 
 def _flatten_mask(params: PyTree, mask_tree: PyTree) -> list:
-    """The mask's leaves in params order; an ``nnx.State`` of params also takes a nested-dict mask
-    (its ``to_pure_dict()`` form, which flattens in the same sorted key order)."""
+    return flatten_like_params(params, mask_tree)
+
+
+def flatten_like_params(params: PyTree, tree: PyTree) -> list:
+    """The leaves of ``tree`` (a mask, target norms, a reference) in params order, one per params
+    leaf (``treedef.flatten_up_to``). An ``nnx.State`` of params also takes the nested dict of
+    its ``nnx.to_pure_dict`` form (same keys, same sorted order), so that a tree written for linen
+    params or by hand as a dict serves nnx too. Raises ``ValueError`` / ``TypeError`` where the
+    structures differ."""
     try:
-        return jax.tree.structure(params).flatten_up_to(mask_tree)
+        return jax.tree.structure(params).flatten_up_to(tree)
     except (ValueError, TypeError):
-        if not (isinstance(mask_tree, dict) and callable(getattr(params, "to_pure_dict", None))):
+        from flax import nnx  # only NNX trees get here
+
+        if not (isinstance(tree, dict) and isinstance(params, nnx.State)):
             raise
-        return jax.tree.structure(params.to_pure_dict()).flatten_up_to(mask_tree)
+        return jax.tree.structure(nnx.to_pure_dict(params)).flatten_up_to(tree)
 
 
 def check_params(params: PyTree, fn_name: str) -> None:
     """Raise the optax error for a params-dependent transform called without params."""
     if params is None:
         raise ValueError(
-            f"{fn_name}: update needs the params (got params=None); call "
-            "tx.update(updates, state, params)"
+            f"{fn_name}: update needs the params (got params=None); call tx.update(updates, state, params)"
         )
 
 

@@ -1,0 +1,251 @@
+"""The numbers of REPRODUCTION.md's summary, computed from the committed results in ``experiments/results``.
+
+A *group* is one variant's final test accuracies over seeds (in %). For a group of ``n`` seeds with
+values ``x_i`` the summary prints ``mean ± s`` with the sample standard deviation
+``s = sqrt(sum (x_i - mean)^2 / (n - 1))`` (ddof = 1). Where a verdict rests on a difference of two
+groups ``a`` and ``b`` it prints ``mean_a - mean_b`` and the two-sided p-value of Welch's t-test
+(Welch 1947: ``t = (mean_a - mean_b) / sqrt(s_a^2 / n_a + s_b^2 / n_b)`` with the Welch–Satterthwaite
+degrees of freedom; ``scipy.stats.ttest_ind_from_stats`` with ``equal_var=False``), which needs no
+equal-variance assumption. The audit standard the verdicts follow: a difference within noise
+(p >= 0.05, or no test possible) is *inconclusive*, not *reproduced*.
+
+Results files (``experiments/results/<name>.json``) come in two forms:
+
+* a ``grid.py --json`` file, ``{variant: [one dict per seed with "eval_accuracy" in [0, 1]]}``;
+  group ``<name>:<variant>`` is ``100 * eval_accuracy`` over the seeds;
+* a summary file ``{"about": ..., "groups": {group: {"values": [...]}}}`` or, where only summary
+  statistics were kept, ``{"mean", "std_ddof0", "n"}`` (the population std the write-up printed,
+  converted here to ddof = 1 by ``s = std_ddof0 * sqrt(n / (n - 1))``).
+
+Each template ``experiments/results/<block>.md`` (the summary table, ...) is a block of REPRODUCTION.md
+with placeholders, rendered by :func:`render`: ``{m:REF}`` -> ``mean ± s``; ``{d:REF_A|REF_B}`` ->
+``mean_a - mean_b`` and Welch's p; ``{dcurve:REF_A|REF_B}`` -> the difference of the mean test-accuracy
+curves at each evaluation; ``{linf:N}`` -> the paper's L∞ over-estimate of sigma at batch ``N``
+(:func:`linf_overestimate`). ``python -m experiments.analysis`` prints the blocks; ``--write`` puts
+them into REPRODUCTION.md between their markers (a test checks that the committed file holds exactly
+this rendering).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+WRITEUP = os.path.join(HERE, "REPRODUCTION.md")
+
+
+class Group(NamedTuple):
+    """A variant's results over seeds: mean, sample std (ddof = 1; NaN for one seed) and seed count."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def from_values(values: Sequence[float]) -> Group:
+    """``Group`` of per-seed values (std with ddof = 1)."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or v.size == 0:
+        raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(
+            f"values must be finite (a diverged seed has no accuracy to average), got {values!r}"
+        )
+    return Group(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size))
+
+
+def from_population_std(mean: float, std_ddof0: float, n: int) -> Group:
+    """``Group`` from a mean and a population std (ddof = 0) over ``n`` seeds: ``s = std0 sqrt(n/(n-1))``."""
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an int >= 2 to convert a population std, got {n!r}")
+    if std_ddof0 < 0:
+        raise ValueError(f"std_ddof0 must be >= 0, got {std_ddof0}")
+    return Group(float(mean), float(std_ddof0) * math.sqrt(n / (n - 1)), n)
+
+
+@functools.cache
+def load_results(name: str) -> dict:
+    """The results file ``experiments/results/<name>.json``."""
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"no results file {path} (results: {', '.join(sorted(available()))})")
+    with open(path) as f:
+        return json.load(f)
+
+
+def available() -> list[str]:
+    """The results files' names."""
+    return [f[:-5] for f in os.listdir(RESULTS_DIR) if f.endswith(".json")]
+
+
+def group(ref: str) -> Group:
+    """The group ``"<results file>:<group>"`` (see the module docstring)."""
+    name, sep, key = ref.partition(":")
+    if not sep or not key:
+        raise ValueError(f"a group reference looks like '<results file>:<group>', got {ref!r}")
+    results = load_results(name)
+    if "groups" in results:
+        entries = results["groups"]
+        if key not in entries:
+            raise ValueError(f"results {name!r} have no group {key!r}")
+        entry = entries[key]
+        if "values" in entry:
+            return from_values(entry["values"])
+        return from_population_std(entry["mean"], entry["std_ddof0"], entry["n"])
+    if key not in results:
+        raise ValueError(f"results {name!r} have no variant {key!r}; variants: {', '.join(results)}")
+    return from_values([100.0 * run["eval_accuracy"] for run in results[key]])
+
+
+def welch(a: Group, b: Group) -> tuple[float, float]:
+    """``(mean_a - mean_b, two-sided p)`` of Welch's t-test; p is NaN when it is undefined (a group
+    of one seed, or both groups without spread)."""
+    from scipy import stats
+
+    diff = a.mean - b.mean
+    if min(a.n, b.n) < 2 or (a.std == 0 and b.std == 0):
+        return diff, math.nan
+    result = stats.ttest_ind_from_stats(a.mean, a.std, a.n, b.mean, b.std, b.n, equal_var=False)
+    return diff, float(result.pvalue)
+
+
+def linf_overestimate(n: int) -> float:
+    """How much the paper's L∞ estimate over-estimates sigma on Gaussian data of ``n`` samples:
+    ``C(n) * E[max_i |Z_i|]`` (``jaxnorm.functional.calibration``; 1 means calibrated)."""
+    from jaxnorm.functional import expected_topk_abs_normal, linf_constant
+
+    count = np.float64(n)  # float64 constants under x64, float32 otherwise: same to 1e-4
+    return float(linf_constant(count) * expected_topk_abs_normal(count))
+
+
+def digits(g: Group) -> int:
+    """Decimals to print: 2 for accuracies in %, 3 for the smaller GGD shapes."""
+    return 3 if abs(g.mean) < 10 else 2
+
+
+def fmt_group(g: Group) -> str:
+    """``mean ± s`` (``mean`` alone for one seed)."""
+    d = digits(g)
+    return f"{g.mean:.{d}f}" if g.n < 2 else f"{g.mean:.{d}f} ± {g.std:.{d}f}"
+
+
+def fmt_p(p: float) -> str:
+    """A p-value for the table (``p n/a`` where the test is undefined)."""
+    if math.isnan(p):
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
+
+
+def fmt_difference(ref_a: str, ref_b: str) -> str:
+    """``+0.40, p = 0.03 (n 3/3)``: ``a - b``, Welch's p and the seed counts."""
+    a, b = group(ref_a), group(ref_b)
+    diff, p = welch(a, b)
+    return f"{diff:+.{max(digits(a), digits(b))}f}, {fmt_p(p)} (n {a.n}/{b.n})"
+
+
+def curve(ref: str) -> list[tuple[int, float]]:
+    """``[(step, mean test accuracy in %)]`` over the seeds of a ``grid.py --json`` variant ``ref``."""
+    name, _, key = ref.partition(":")
+    runs = load_results(name).get(key)
+    if not runs or "curve" not in runs[0]:
+        raise ValueError(f"{ref!r} is no grid.py variant with evaluation curves")
+    steps = [step for step, _ in runs[0]["curve"]]
+    acc = np.array([[a for _, a in run["curve"]] for run in runs]) * 100.0
+    return list(zip(steps, acc.mean(axis=0).tolist(), strict=True))
+
+
+def fmt_curve_difference(ref_a: str, ref_b: str) -> str:
+    """``step 468: -11.7, step 936: -13.1, ...``: the mean curves' difference ``a - b`` per evaluation."""
+    a, b = curve(ref_a), curve(ref_b)
+    if [s for s, _ in a] != [s for s, _ in b]:
+        raise ValueError(f"{ref_a!r} and {ref_b!r} were evaluated at different steps")
+    return ", ".join(f"step {s}: {x - y:+.1f}" for (s, x), (_, y) in zip(a, b, strict=True))
+
+
+_PLACEHOLDER = re.compile(r"\{(m|d|dcurve|linf):([^{}]+)\}")
+
+
+def _pair(arg: str) -> list[str]:
+    refs = arg.replace("\\|", "|").split("|")  # "\|" in a Markdown table cell
+    if len(refs) != 2:
+        raise ValueError(f"a difference takes two group references 'A|B', got {arg!r}")
+    return refs
+
+
+def render(template: str) -> str:
+    """``template`` with every placeholder replaced (see the module docstring)."""
+
+    def substitute(match: re.Match) -> str:
+        kind, arg = match.groups()
+        if kind == "m":
+            return fmt_group(group(arg))
+        if kind == "d":
+            return fmt_difference(*_pair(arg))
+        if kind == "dcurve":
+            return fmt_curve_difference(*_pair(arg))
+        return f"{linf_overestimate(int(arg)):.2f}"
+
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+def markers(block: str) -> tuple[str, str]:
+    """The comments around block ``block`` (rendered from ``experiments/results/<block>.md``)."""
+    return (f"<!-- {block}: rendered by python -m experiments.analysis --write -->", f"<!-- {block}: end -->")
+
+
+def blocks() -> list[str]:
+    """The rendered blocks: one per template ``experiments/results/*.md``."""
+    return sorted(f[:-3] for f in os.listdir(RESULTS_DIR) if f.endswith(".md"))
+
+
+def rendered(block: str) -> str:
+    """Block ``block`` rendered from its template."""
+    with open(os.path.join(RESULTS_DIR, f"{block}.md")) as f:
+        return render(f.read()).strip()
+
+
+def committed(block: str, path: str = WRITEUP) -> str:
+    """Block ``block`` as REPRODUCTION.md holds it."""
+    with open(path) as f:
+        text = f.read()
+    begin, end = markers(block)
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no block {block!r} (markers {begin!r} ... {end!r})")
+    return text[text.index(begin) + len(begin) : text.index(end)].strip()
+
+
+def write_blocks(path: str = WRITEUP) -> None:
+    """Replace every block of ``path`` with its rendering."""
+    with open(path) as f:
+        text = f.read()
+    for block in blocks():
+        committed(block, path)  # checks the markers are there
+        begin, end = markers(block)
+        start, stop = text.index(begin) + len(begin), text.index(end)
+        text = text[:start] + "\n" + rendered(block) + "\n" + text[stop:]
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update REPRODUCTION.md's rendered blocks")
+    args = parser.parse_args(argv)
+    if args.write:
+        write_blocks()
+    else:
+        print("\n\n".join(rendered(block) for block in blocks()))
+
+
+if __name__ == "__main__":
+    main()
