@@ -401,6 +401,20 @@ def test_check_grads_activation(x64, p):
         check_grads(f, (x,), order=1, modes=["rev"], eps=1e-6)
 
 
+def test_check_grads_l2_statistics_second_order(x64):
+    """p = 2 statistics (shifted sums, Chan's merge of a group's channels, masks) against finite
+    differences to second order."""
+    x = jnp.asarray(normal((3, 4, 4, 6), seed=51, loc=0.5))
+    mask = jnp.asarray(np.random.default_rng(52).random(x.shape) < 0.7)
+    for f in (
+        lambda a: F.group_norm(a, 2),
+        lambda a: F.group_norm(a, 3, mask=mask),
+        lambda a: F.batch_norm(a, mask=mask),
+        lambda a: F.layer_norm(a, axis=(1, 2)),
+    ):
+        check_grads(f, (x,), order=2, modes=["fwd", "rev"], eps=1e-6)
+
+
 def test_check_grads_normalize(x64):
     """The written-out derivative of the affine output (per-feature statistics) and autodiff's
     (per-example statistics), both against finite differences, to second order."""
