@@ -17,7 +17,6 @@ wider; a zero unit gets no decay (``w / ||w||`` is undefined there, and ``w = 0`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.functional.weight import unit_norm
+from jaxnorm.optim.arguments import check_bool, check_non_negative
 from jaxnorm.optim.rescaling import MaskOrFn, check_updates, pure_transform, resolve_mask
 
 __all__ = ["DecayToNormState", "adamwn", "decay_to_norm"]
@@ -39,19 +39,9 @@ class DecayToNormState(NamedTuple):
     count: jax.Array
 
 
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool | str) and hasattr(value, "__float__") and jnp.ndim(value) == 0
-
-
-def _check_non_negative(value: Any, name: str, fn_name: str) -> float:
-    if not _is_number(value) or not (math.isfinite(float(value)) and float(value) >= 0):
-        raise ValueError(f"{fn_name}: {name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
 def _check_target(target: Any, fn_name: str) -> None:
     if not callable(target):
-        _check_non_negative(target, "target", fn_name)
+        check_non_negative(target, "target", fn_name)
 
 
 def _norms(w: jax.Array, per_unit: bool) -> jax.Array:
@@ -87,10 +77,9 @@ def decay_to_norm(
         leaf of rank >= 2.
     """
     fn_name = "decay_to_norm"
-    weight_decay = _check_non_negative(weight_decay, "weight_decay", fn_name)
+    weight_decay = check_non_negative(weight_decay, "weight_decay", fn_name)
     _check_target(target, fn_name)
-    if not isinstance(per_unit, bool):
-        raise TypeError(f"{fn_name}: per_unit must be a bool, got {per_unit!r}")
+    check_bool(per_unit, "per_unit", fn_name)
 
     def init_fn(params):
         resolve_mask(mask, params, fn_name)

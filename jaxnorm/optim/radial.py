@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.functional.weight import unit_norm
+from jaxnorm.optim.arguments import check_bool, check_in_range, check_non_negative, check_positive
 from jaxnorm.optim.rescaling import MaskOrFn, check_inner, check_updates, pure_transform, resolve_mask
 
 __all__ = [
@@ -115,39 +116,9 @@ def project_radial(
     return out.astype(u.dtype), choice.astype(jnp.int32)
 
 
-def _check_number(
-    value: Any, name: str, fn_name: str, *, low: float, high: float, closed_high: bool
-) -> float:
-    """``value`` as a float in ``[low, high]`` (or ``[low, high)``), else a ValueError naming ``name``."""
-    number = not isinstance(value, bool | str) and hasattr(value, "__float__") and jnp.ndim(value) == 0
-    v = float(value) if number else math.nan
-    inside = low <= v <= high if closed_high else low <= v < high
-    if not inside:
-        bracket = "]" if closed_high else ")"
-        raise ValueError(f"{fn_name}: {name} must be a number in [{low}, {high}{bracket}, got {value!r}")
-    return v
-
-
-def _check_non_negative(value: Any, name: str, fn_name: str) -> float:
-    return _check_number(value, name, fn_name, low=0.0, high=math.inf, closed_high=False)
-
-
-def _check_positive(value: Any, name: str, fn_name: str) -> float:
-    v = _check_number(value, name, fn_name, low=0.0, high=math.inf, closed_high=False)
-    if v <= 0:
-        raise ValueError(f"{fn_name}: {name} must be a positive number, got {value!r}")
-    return v
-
-
-def _check_bool(value: Any, name: str, fn_name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{fn_name}: {name} must be a bool, got {value!r}")
-    return value
-
-
 def _check_learning_rate(learning_rate: Any, fn_name: str) -> None:
     if not callable(learning_rate):
-        _check_number(learning_rate, "learning_rate", fn_name, low=0.0, high=math.inf, closed_high=False)
+        check_non_negative(learning_rate, "learning_rate", fn_name)
 
 
 def _check_mask(mask: Any, fn_name: str) -> None:
@@ -199,8 +170,8 @@ def radial_projection(
     """
     fn_name = "radial_projection"
     check_inner(inner, fn_name)
-    delta = _check_positive(delta, "delta", fn_name)
-    eps = _check_positive(eps, "eps", fn_name)
+    delta = check_positive(delta, "delta", fn_name)
+    eps = check_positive(eps, "eps", fn_name)
     _check_mask(mask, fn_name)
     wrapped = optax.with_extra_args_support(inner)
 
@@ -285,15 +256,13 @@ def adamp(
     """
     fn_name = "adamp"
     _check_learning_rate(learning_rate, fn_name)
-    b1 = _check_number(b1, "b1", fn_name, low=0.0, high=1.0, closed_high=False)
-    b2 = _check_number(b2, "b2", fn_name, low=0.0, high=1.0, closed_high=False)
-    eps = _check_positive(eps, "eps", fn_name)
-    weight_decay = _check_number(
-        weight_decay, "weight_decay", fn_name, low=0.0, high=math.inf, closed_high=False
-    )
-    delta = _check_positive(delta, "delta", fn_name)
-    wd_ratio = _check_number(wd_ratio, "wd_ratio", fn_name, low=0.0, high=1.0, closed_high=True)
-    nesterov = _check_bool(nesterov, "nesterov", fn_name)
+    b1 = check_in_range(b1, "b1", fn_name, low=0.0, high=1.0, closed_high=False)
+    b2 = check_in_range(b2, "b2", fn_name, low=0.0, high=1.0, closed_high=False)
+    eps = check_positive(eps, "eps", fn_name)
+    weight_decay = check_non_negative(weight_decay, "weight_decay", fn_name)
+    delta = check_positive(delta, "delta", fn_name)
+    wd_ratio = check_in_range(wd_ratio, "wd_ratio", fn_name, low=0.0, high=1.0, closed_high=True)
+    nesterov = check_bool(nesterov, "nesterov", fn_name)
     _check_mask(mask, fn_name)
 
     def direction(grads, state, count):
@@ -328,15 +297,13 @@ def sgdp(
     """
     fn_name = "sgdp"
     _check_learning_rate(learning_rate, fn_name)
-    momentum = _check_number(momentum, "momentum", fn_name, low=0.0, high=1.0, closed_high=False)
-    dampening = _check_number(dampening, "dampening", fn_name, low=0.0, high=1.0, closed_high=True)
-    weight_decay = _check_number(
-        weight_decay, "weight_decay", fn_name, low=0.0, high=math.inf, closed_high=False
-    )
-    nesterov = _check_bool(nesterov, "nesterov", fn_name)
-    eps = _check_positive(eps, "eps", fn_name)
-    delta = _check_positive(delta, "delta", fn_name)
-    wd_ratio = _check_number(wd_ratio, "wd_ratio", fn_name, low=0.0, high=1.0, closed_high=True)
+    momentum = check_in_range(momentum, "momentum", fn_name, low=0.0, high=1.0, closed_high=False)
+    dampening = check_in_range(dampening, "dampening", fn_name, low=0.0, high=1.0, closed_high=True)
+    weight_decay = check_non_negative(weight_decay, "weight_decay", fn_name)
+    nesterov = check_bool(nesterov, "nesterov", fn_name)
+    eps = check_positive(eps, "eps", fn_name)
+    delta = check_positive(delta, "delta", fn_name)
+    wd_ratio = check_in_range(wd_ratio, "wd_ratio", fn_name, low=0.0, high=1.0, closed_high=True)
     _check_mask(mask, fn_name)
 
     def direction(grads, state, count):

@@ -29,6 +29,7 @@ import optax
 
 from jaxnorm.functional.weight import unit_norm
 from jaxnorm.optim import landing
+from jaxnorm.optim.arguments import is_scalar_number
 from jaxnorm.optim.rescaling import MaskOrFn, check_updates, ones_scales, pure_transform, resolve_mask
 
 __all__ = ["SQRT_FAN_IN", "SphereProjectionState", "sphere_projection"]
@@ -54,8 +55,7 @@ def _is_sqrt_fan_in(target: Any) -> bool:
 def _check_target(target: Any) -> None:
     if callable(target) or _is_sqrt_fan_in(target):
         return
-    number = not isinstance(target, bool | str) and hasattr(target, "__float__") and jnp.ndim(target) == 0
-    if not number or not (math.isfinite(float(target)) and float(target) > 0):
+    if not is_scalar_number(target) or not (math.isfinite(float(target)) and float(target) > 0):
         raise ValueError(
             "sphere_projection: target must be a positive finite number, 'sqrt_fan_in' or a schedule "
             f"(a callable of the step count), got {target!r}"
