@@ -16,7 +16,7 @@ in the order given (grid keys outermost, in the order of the ``--grid`` options,
 the finished runs in ``FILE``: the value with the best mean final ``eval_accuracy`` over seeds, e.g. the
 learning rate chosen on the validation split by a first sweep, for a second sweep on the test split.
 
-A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "eval_accuracy",
+A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git describe), "eval_accuracy",
 "best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}`` (the loop's run summary and
 :func:`grid.run_one`'s extras).
 """
@@ -60,6 +60,20 @@ def run_key(config_name: str, variant: str, grid: dict[str, Any], sets: Sequence
     """A stable name of one run: what identifies it in the JSONL file and names its workdir."""
     parts = [config_name, variant, *(f"{k}={v}" for k, v in grid.items()), *sets, f"seed={seed}"]
     return "__".join(p.replace("/", "_").replace(" ", "") for p in parts)
+
+
+def code_version() -> str:
+    """``git describe --always --dirty`` of this checkout ("" outside git): which code made a run."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "describe", "--always", "--dirty"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return out.stdout.strip()
 
 
 def done_keys(path: str) -> set[str]:
@@ -161,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "grid": run_point,
                     "sets": list(args.set),
                     "seed": seed,
+                    "code": code_version(),
                     **summary,
                 }
                 with open(args.jsonl, "a") as f:
