@@ -16,9 +16,9 @@ in the order given (grid keys outermost, in the order of the ``--grid`` options,
 the finished runs in ``FILE``: the value with the best mean final ``eval_accuracy`` over seeds, e.g. the
 learning rate chosen on the validation split by a first sweep, for a second sweep on the test split.
 
-A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git describe), "eval_accuracy",
-"best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}`` (the loop's run summary and
-:func:`grid.run_one`'s extras).
+A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git
+describe), "eval_accuracy", "best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}``
+(the loop's run summary and :func:`grid.run_one`'s extras).
 """
 
 from __future__ import annotations
