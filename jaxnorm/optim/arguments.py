@@ -5,9 +5,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["check_bool", "check_in_range", "check_non_negative", "check_positive", "is_scalar_number"]
+__all__ = [
+    "check_bool",
+    "check_in_range",
+    "check_non_negative",
+    "check_positive",
+    "check_positive_tree",
+    "check_steps",
+    "is_scalar_number",
+]
 
 
 def is_scalar_number(value: Any) -> bool:
@@ -44,3 +54,38 @@ def check_bool(value: Any, name: str, fn_name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{fn_name}: {name} must be a bool, got {value!r}")
     return value
+
+
+def check_positive_tree(rho: Any, fn_name: str, name: str) -> None:
+    """Every concrete leaf of ``rho`` a positive finite number (traced leaves are left to the caller)."""
+    for leaf in jax.tree.leaves(rho):
+        if isinstance(leaf, jax.core.Tracer):
+            continue
+        value = np.asarray(leaf)
+        if not jnp.issubdtype(value.dtype, jnp.number) or value.dtype == np.bool_:  # bfloat16 too
+            raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
+        if np.any(~(value > 0)) or np.any(~np.isfinite(value)):
+            raise ValueError(f"{fn_name}: {name} must be positive finite norms, got {leaf!r}")
+
+
+# The step counter is int32 (optax.safe_increment saturates there): a larger tau never fires.
+_MAX_STEPS = int(np.iinfo(np.int32).max)
+
+
+def check_steps(value: Any, name: str, fn_name: str) -> None:
+    """``value`` must be an integer number of steps in ``[1, 2**31 - 1]``: a Python or NumPy int or
+    a 0-d integer array (a traced value, from ``optax.inject_hyperparams``, is checked there)."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer | np.ndarray | jax.Array):
+        kind = "non-integer" if isinstance(value, float | np.floating) else "not an integer"
+        raise (ValueError if isinstance(value, float | np.floating) else TypeError)(
+            f"{fn_name}: {name} must be a positive integer number of steps, got {value!r} ({kind})"
+        )
+    array = np.asarray(value)
+    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{fn_name}: {name} must be a positive integer number of steps, got {value!r}")
+    if not 1 <= int(array) <= _MAX_STEPS:
+        raise ValueError(
+            f"{fn_name}: {name} must be an integer in [1, 2**31 - 1] (the int32 step counter), got {value!r}"
+        )

@@ -31,11 +31,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxnorm.functional.weight import project_to_norm, unit_norm
 from jaxnorm.optim import landing
+from jaxnorm.optim.arguments import check_positive_tree
 from jaxnorm.optim.rescaling import (
     MaskOrFn,
     check_updates,
@@ -91,17 +91,6 @@ class NormScheduleState(NamedTuple):
 
 
 register_state_rule(NormScheduleState)
-
-
-def _check_positive(rho: Any, fn_name: str, name: str) -> None:
-    for leaf in jax.tree.leaves(rho):
-        if isinstance(leaf, jax.core.Tracer):
-            continue
-        value = np.asarray(leaf)
-        if not jnp.issubdtype(value.dtype, jnp.number) or value.dtype == np.bool_:  # bfloat16 too
-            raise TypeError(f"{fn_name}: {name} must be positive numbers, got {leaf!r}")
-        if np.any(~(value > 0)) or np.any(~np.isfinite(value)):
-            raise ValueError(f"{fn_name}: {name} must be positive finite norms, got {leaf!r}")
 
 
 def _per_leaf_targets(rho: NormTarget, params: PyTree, flags: PyTree, fn_name: str) -> list:
@@ -210,7 +199,7 @@ def bwn_projection(
                 f"bwn_projection: rho must be None, 'layer', a positive number or a tree of them, got {rho!r}"
             )
     elif rho is not None:
-        _check_positive(rho, "bwn_projection", "rho")
+        check_positive_tree(rho, "bwn_projection", "rho")
 
     def init_fn(params: PyTree) -> BWNProjectionState:
         flags = resolve_mask(mask, params, "bwn_projection")
@@ -283,14 +272,14 @@ def norm_schedule(
       Hoffer, Banner, Golan & Soudry, *Norm matters* (NeurIPS 2018), Sec. 2 and Supp. Sec. 1.
     """
     if not callable(schedule):
-        _check_positive(schedule, "norm_schedule", "schedule values")
+        check_positive_tree(schedule, "norm_schedule", "schedule values")
 
     def init_fn(params: PyTree) -> NormScheduleState:
         flags = resolve_mask(mask, params, "norm_schedule")
         count = jnp.zeros([], jnp.int32)
         rho = schedule(count) if callable(schedule) else schedule
         if callable(schedule):
-            _check_positive(rho, "norm_schedule", "schedule values (schedule(0))")
+            check_positive_tree(rho, "norm_schedule", "schedule values (schedule(0))")
         _per_leaf_targets(rho, params, flags, "norm_schedule")
         return NormScheduleState(count=count, scales=ones_scales(params, flags))
 

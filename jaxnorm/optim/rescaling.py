@@ -41,6 +41,7 @@ import optax
 from jaxnorm.functional.weight import unit_norm
 from jaxnorm.optim import landing
 from jaxnorm.optim import state as state_lib
+from jaxnorm.optim.arguments import check_steps
 
 __all__ = [
     "WeightRescalingState",
@@ -230,29 +231,6 @@ def unit_multiplier(w: jax.Array) -> jax.Array:
     norm = unit_norm(w)
     ok = (norm > 0) & jnp.isfinite(norm)
     return jnp.where(ok, 1.0 / jnp.where(ok, norm, 1.0), 1.0)
-
-
-# The step counter is int32 (optax.safe_increment saturates there): a larger tau never fires.
-_MAX_STEPS = int(np.iinfo(np.int32).max)
-
-
-def check_steps(value: Any, name: str, fn_name: str) -> None:
-    """``value`` must be an integer number of steps in ``[1, 2**31 - 1]``: a Python or NumPy int or
-    a 0-d integer array (a traced value, from ``optax.inject_hyperparams``, is checked there)."""
-    if isinstance(value, jax.core.Tracer):
-        return
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer | np.ndarray | jax.Array):
-        kind = "non-integer" if isinstance(value, float | np.floating) else "not an integer"
-        raise (ValueError if isinstance(value, float | np.floating) else TypeError)(
-            f"{fn_name}: {name} must be a positive integer number of steps, got {value!r} ({kind})"
-        )
-    array = np.asarray(value)
-    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{fn_name}: {name} must be a positive integer number of steps, got {value!r}")
-    if not 1 <= int(array) <= _MAX_STEPS:
-        raise ValueError(
-            f"{fn_name}: {name} must be an integer in [1, 2**31 - 1] (the int32 step counter), got {value!r}"
-        )
 
 
 def weight_rescaling(
