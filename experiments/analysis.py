@@ -15,20 +15,27 @@ Results files (``experiments/results/<name>.json``) come in two forms:
   group ``<name>:<variant>`` is ``100 * eval_accuracy`` over the seeds;
 * a summary file ``{"about": ..., "groups": {group: {"values": [...]}}}`` or, where only summary
   statistics were kept, ``{"mean", "std_ddof0", "n"}`` (the population std the write-up printed,
-  converted here to ddof = 1 by ``s = std_ddof0 * sqrt(n / (n - 1))``).
+  converted here to ddof = 1 by ``s = std_ddof0 * sqrt(n / (n - 1))``);
+* a ``resume_grid.py --jsonl`` file ``<name>.jsonl``, one finished run per line; group
+  ``<name>:<variant>@<key>=<value>,...`` is ``100 * eval_accuracy`` over the runs of ``variant`` whose
+  grid point has those values (a sweep still running gives a smaller group, or none: "pending").
 
 Each template ``experiments/results/<block>.md`` (the summary table, ...) is a block of REPRODUCTION.md
 with placeholders, rendered by :func:`render`: ``{m:REF}`` -> ``mean ± s``; ``{d:REF_A|REF_B}`` ->
 ``mean_a - mean_b`` and Welch's p; ``{dcurve:REF_A|REF_B}`` -> the difference of the mean test-accuracy
-curves at each evaluation; ``{linf:N}`` -> the paper's L∞ over-estimate of sigma at batch ``N``
-(:func:`linf_overestimate`). ``python -m experiments.analysis`` prints the blocks; ``--write`` puts
-them into REPRODUCTION.md between their markers (a test checks that the committed file holds exactly
-this rendering).
+curves at each evaluation; ``{sweep:NAME|ROW_KEYS[|CHOSEN_KEY]}`` -> a table of the JSONL sweep
+``NAME``, one row per point of the comma-separated grid keys ``ROW_KEYS``, one column per variant,
+each cell ``mean ± s`` with its seed count and the value of ``CHOSEN_KEY`` its runs used (e.g. the
+learning rate chosen on the validation split); ``{linf:N}`` -> the paper's L∞ over-estimate of
+sigma at batch ``N`` (:func:`linf_overestimate`). ``python -m experiments.analysis`` prints the
+blocks; ``--write`` puts them into REPRODUCTION.md between their markers (a test checks that the
+committed file holds exactly this rendering).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import math
@@ -74,18 +81,45 @@ def from_population_std(mean: float, std_ddof0: float, n: int) -> Group:
 
 
 @functools.cache
-def load_results(name: str) -> dict:
-    """The results file ``experiments/results/<name>.json``."""
+def load_results(name: str) -> dict | list:
+    """The results file ``experiments/results/<name>.json`` (a dict), or ``<name>.jsonl`` (a list of runs)."""
     path = os.path.join(RESULTS_DIR, f"{name}.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"no results file {path} (results: {', '.join(sorted(available()))})")
-    with open(path) as f:
-        return json.load(f)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    if os.path.isfile(path + "l"):
+        with open(path + "l") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    raise ValueError(f"no results file {path}[l] (results: {', '.join(sorted(available()))})")
 
 
 def available() -> list[str]:
     """The results files' names."""
-    return [f[:-5] for f in os.listdir(RESULTS_DIR) if f.endswith(".json")]
+    return [f.rsplit(".", 1)[0] for f in os.listdir(RESULTS_DIR) if f.endswith((".json", ".jsonl"))]
+
+
+def parse_point(text: str) -> dict[str, object]:
+    """``"depth=2,lr=0.1"`` -> ``{"depth": 2, "lr": 0.1}`` (values as Python literals where they parse)."""
+    point: dict[str, object] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a grid point looks like 'key=value,...', got {text!r}")
+        try:
+            point[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            point[key] = value
+    return point
+
+
+def sweep_runs(name: str, variant: str, point: dict[str, object]) -> list[dict]:
+    """The finished runs of ``variant`` in the JSONL sweep ``name`` whose grid holds ``point``."""
+    runs = load_results(name)
+    if not isinstance(runs, list):
+        raise ValueError(f"results {name!r} are no resume_grid.py JSONL sweep")
+    return [
+        r for r in runs if r["variant"] == variant and all(r["grid"].get(k) == v for k, v in point.items())
+    ]
 
 
 def group(ref: str) -> Group:
@@ -94,6 +128,12 @@ def group(ref: str) -> Group:
     if not sep or not key:
         raise ValueError(f"a group reference looks like '<results file>:<group>', got {ref!r}")
     results = load_results(name)
+    if isinstance(results, list):
+        variant, _, point = key.partition("@")
+        runs = sweep_runs(name, variant, parse_point(point))
+        if not runs:
+            return Group(math.nan, math.nan, 0)
+        return from_values([100.0 * r["eval_accuracy"] for r in runs])
     if "groups" in results:
         entries = results["groups"]
         if key not in entries:
@@ -134,7 +174,9 @@ def digits(g: Group) -> int:
 
 
 def fmt_group(g: Group) -> str:
-    """``mean ± s`` (``mean`` alone for one seed)."""
+    """``mean ± s`` (``mean`` alone for one seed; "pending" for none yet)."""
+    if g.n == 0:
+        return "pending"
     d = digits(g)
     return f"{g.mean:.{d}f}" if g.n < 2 else f"{g.mean:.{d}f} ± {g.std:.{d}f}"
 
@@ -149,6 +191,8 @@ def fmt_p(p: float) -> str:
 def fmt_difference(ref_a: str, ref_b: str) -> str:
     """``+0.40, p = 0.03 (n 3/3)``: ``a - b``, Welch's p and the seed counts."""
     a, b = group(ref_a), group(ref_b)
+    if min(a.n, b.n) == 0:
+        return f"pending (n {a.n}/{b.n})"
     diff, p = welch(a, b)
     return f"{diff:+.{max(digits(a), digits(b))}f}, {fmt_p(p)} (n {a.n}/{b.n})"
 
@@ -172,7 +216,33 @@ def fmt_curve_difference(ref_a: str, ref_b: str) -> str:
     return ", ".join(f"step {s}: {x - y:+.1f}" for (s, x), (_, y) in zip(a, b, strict=True))
 
 
-_PLACEHOLDER = re.compile(r"\{(m|d|dcurve|linf):([^{}]+)\}")
+def sweep_table(name: str, row_keys: str, chosen_key: str = "") -> str:
+    """A Markdown table of the JSONL sweep ``name``: a row per point of the grid keys ``row_keys``
+    (comma-separated), a column per variant (in the order the sweep ran them), cells ``mean ± s (n)``,
+    with the value of ``chosen_key`` the cell's runs used where it is given."""
+    runs = load_results(name)
+    if not isinstance(runs, list) or not runs:
+        return "(pending: no finished run yet)"
+    keys = row_keys.split(",")
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    rows = sorted({tuple(r["grid"][k] for k in keys) for r in runs if all(k in r["grid"] for k in keys)})
+    header = " | ".join(k.rsplit(".", 1)[-1] for k in keys)
+    lines = [f"| {header} | " + " | ".join(variants) + " |", "| --- " * (len(keys) + len(variants)) + "|"]
+    for row in rows:
+        point = ",".join(f"{k}={v!r}" for k, v in zip(keys, row, strict=True))
+        cells = []
+        for variant in variants:
+            g = group(f"{name}:{variant}@{point}")
+            chosen = sorted(
+                {repr(r["grid"].get(chosen_key)) for r in sweep_runs(name, variant, parse_point(point))}
+            )
+            at = f", {chosen_key.rsplit('.', 1)[-1]} {'/'.join(chosen)}" if chosen_key and chosen else ""
+            cells.append(f"{fmt_group(g)} (n {g.n}{at})")
+        lines.append("| " + " | ".join(map(str, row)) + " | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+_PLACEHOLDER = re.compile(r"\{(m|d|dcurve|linf|sweep):([^{}]+)\}")
 
 
 def _pair(arg: str) -> list[str]:
@@ -193,6 +263,11 @@ def render(template: str) -> str:
             return fmt_difference(*_pair(arg))
         if kind == "dcurve":
             return fmt_curve_difference(*_pair(arg))
+        if kind == "sweep":
+            parts = arg.split("|")
+            if len(parts) not in (2, 3):
+                raise ValueError(f"a sweep table takes 'NAME|ROW_KEYS[|CHOSEN_KEY]', got {arg!r}")
+            return sweep_table(*parts)
         return f"{linf_overestimate(int(arg)):.2f}"
 
     return _PLACEHOLDER.sub(substitute, template)

@@ -7,6 +7,7 @@ a slice of Fashion-MNIST (skipped where the dataset is not installed).
 """
 
 import copy
+import json
 import math
 
 import jax
@@ -454,3 +455,37 @@ def test_linf_constant_overestimates_sigma_by_about_1_4():
     z = np.random.default_rng(0).standard_normal((4000, 128))
     mc = np.mean(np.abs(z - z.mean(1, keepdims=True)).max(1)) * float(linf_constant(128))
     np.testing.assert_allclose(mc, ratio, rtol=0.01)
+
+
+def test_jsonl_sweep_groups_and_tables(tmp_path, monkeypatch):
+    """A resume_grid.py JSONL sweep: groups per variant and grid point, a table per point, pending cells."""
+    runs = [
+        {"variant": v, "grid": {"depth": d, "lr": lr}, "seed": s, "eval_accuracy": acc}
+        for v, d, lr, s, acc in [
+            ("bn", 2, 0.1, 0, 0.50),
+            ("bn", 2, 0.1, 1, 0.52),
+            ("enorm", 2, 0.01, 0, 0.55),
+            ("enorm", 2, 0.01, 1, 0.57),
+            ("bn", 8, 0.1, 0, 0.40),
+        ]
+    ]
+    (tmp_path / "sweep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    monkeypatch.setattr(analysis, "RESULTS_DIR", str(tmp_path))
+    analysis.load_results.cache_clear()
+    try:
+        g = analysis.group("sweep:bn@depth=2")
+        np.testing.assert_allclose([g.mean, g.std, g.n], [51.0, np.std([50, 52], ddof=1), 2])
+        assert analysis.group("sweep:bn@depth=2,lr=0.01").n == 0  # no such runs: pending, not an error
+        assert analysis.render("{m:sweep:enorm@depth=8}") == "pending"
+        assert analysis.render("{d:sweep:enorm@depth=2|sweep:bn@depth=2}").startswith("+5.00, p = ")
+        assert analysis.render("{d:sweep:enorm@depth=8|sweep:bn@depth=8}") == "pending (n 0/1)"
+        table = analysis.render("{sweep:sweep|depth|lr}").splitlines()
+        assert table[0] == "| depth | bn | enorm |"
+        assert table[2] == "| 2 | 51.00 ± 1.41 (n 2, lr 0.1) | 56.00 ± 1.41 (n 2, lr 0.01) |"
+        assert table[3] == "| 8 | 40.00 (n 1, lr 0.1) | pending (n 0) |"
+        with pytest.raises(ValueError, match="key=value"):
+            analysis.group("sweep:bn@depth")
+        with pytest.raises(ValueError, match="NAME\\|ROW_KEYS"):
+            analysis.render("{sweep:sweep}")
+    finally:
+        analysis.load_results.cache_clear()
