@@ -337,3 +337,36 @@ def test_real_fashion_mnist_is_prepared_offline_and_loads(fashion_dir):
                            data_dir=fashion_dir)
     assert validation.num_examples == 10_000
     assert data.prepare_fashion_mnist(fashion_dir) == fashion_dir  # idempotent
+
+
+def test_hsv_round_trip_matches_colorsys():
+    import colorsys
+
+    rng = np.random.default_rng(0)
+    rgb = rng.random((40, 3, 3, 3))
+    rgb[0, 0, 0] = 0.5  # grey: no chroma, hue 0
+    rgb[1, 0, 0] = 0.0  # black: saturation 0
+    hsv = augment.rgb_to_hsv(rgb)
+    oracle = np.array([colorsys.rgb_to_hsv(*p) for p in rgb.reshape(-1, 3)]).reshape(hsv.shape)
+    np.testing.assert_allclose(hsv, oracle, atol=1e-12)
+    np.testing.assert_allclose(augment.hsv_to_rgb(hsv), rgb, atol=1e-12)
+
+
+def test_colour_crop_flip_is_identity_at_zero_ranges_and_jitters_otherwise(monkeypatch):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    still = {"brightness": 0.0, "saturation": (1.0, 1.0), "hue": 0.0, "contrast": (1.0, 1.0)}
+    monkeypatch.setattr(augment, "COLOUR_JITTER", still)
+    # the HSV round trip errs far below 0.5 / 255: identity after rounding
+    np.testing.assert_array_equal(augment.random_colour(images, rng), images)
+    monkeypatch.undo()
+    jittered = augment.random_colour(images, np.random.default_rng(2))
+    assert jittered.dtype == np.uint8 and jittered.shape == images.shape
+    shift = jittered.astype(float).mean(axis=(1, 2, 3)) - images.astype(float).mean(axis=(1, 2, 3))
+    assert np.abs(shift).max() > 1.0  # every draw differs per example
+    assert np.std(shift) > 0.5
+    again = augment.random_colour(images, np.random.default_rng(2))
+    np.testing.assert_array_equal(jittered, again)  # a function of the Generator's state only
+    out = augment.apply("colour_crop_flip", images, np.random.default_rng(3), train=True)
+    assert out.shape == images.shape and out.dtype == np.uint8
+    assert augment.apply("colour_crop_flip", images, rng, train=False) is images

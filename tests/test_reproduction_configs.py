@@ -281,12 +281,14 @@ def _resolved(name, variant=None):
 def test_cifar10_wrs_encodes_liu_et_al_settings():
     """Batch 100 (Supp. B.2), tau from Table S1 (40 for every VGG16 cell, ResNet-18 / C10: 20 SGDM,
     40 AdamW), WD 5e-4 on kernels and gammas for WD, on the gammas only for WRS, BWN with WD on the
-    last layer, 200 epochs with decays at 60 / 120 / 160, AdamW + WRS 100 epochs."""
+    last layer, 200 epochs with decays at 60 / 120 / 160, AdamW + WRS 100 epochs; colour jitter, crops of
+    the image padded to 38 x 38 and flips."""
     module = grid.load_module("cifar10_wrs")
     taus = {}
     for variant in module.VARIANTS:
         config = _resolved("cifar10_wrs", variant)
         assert config.dataset.batch_size == 100, variant
+        assert config.dataset.augment == "colour_crop_flip", variant
         assert config.optimizer.weight_decay == 5e-4, variant
         assert tuple(config.optimizer.boundaries) == (0.3, 0.6, 0.8), variant
         if "wrs" in tuple(config.optimizer.wrappers):
@@ -295,7 +297,7 @@ def test_cifar10_wrs_encodes_liu_et_al_settings():
         elif variant.endswith("bwn"):
             assert (config.model.norm, config.optimizer.weight_decay_mask) == ("bwn", "last_layer")
         else:
-            assert config.optimizer.weight_decay_mask == "all", variant
+            assert config.optimizer.weight_decay_mask == "kernels_and_bn_scales", variant
         adamw_wrs = variant.endswith("adamw+wrs")
         assert config.num_epochs == (100.0 if adamw_wrs else 200.0), variant
         assert config.optimizer.name == ("adamw" if "adamw" in variant else "momentum"), variant

@@ -68,6 +68,7 @@ def _params():
         ),
         ("kernels", {"conv_0/kernel", "head/kernel"}),
         ("bn_scales", {"bn_0/scale", "final_bn/scale"}),
+        ("kernels_and_bn_scales", {"conv_0/kernel", "head/kernel", "bn_0/scale", "final_bn/scale"}),
         ("last_layer", {"head/kernel", "head/bias"}),
         ("last_kernel", {"head/kernel"}),
         ("hidden_kernels", {"conv_0/kernel"}),

@@ -8,8 +8,9 @@ Liu et al., Sec. 6.1 and Supp. B.2, setting by setting (the config's value in br
 * SGDM: lr 0.1, momentum 0.9, x 0.1 at epochs 60 / 120 / 160 of 200 [``step`` at 0.3 / 0.6 / 0.8];
   AdamW: lr 1e-3, the same schedule; AdamW + WRS: 100 epochs, decays at 30 / 60 / 80 [the same
   fractions of 100 epochs];
-* WD: lambda = 5e-4 on every conv kernel and every BN gamma [``weight_decay_mask = "all"``: see
-  the deviations]; WRS: every weight vector, the output layer's included, rescaled to unit norm
+* WD: lambda = 5e-4 on every conv kernel and every BN gamma [``weight_decay_mask =
+  "kernels_and_bn_scales"``: the classifier's kernel too, as every weight vector is rescaled in
+  WRS]; WRS: every weight vector, the output layer's included, rescaled to unit norm
   every tau updates, and WD 5e-4 on the BN gammas only [``wrs`` wrapper on every kernel,
   ``weight_decay_mask = "bn_scales"``]; with AdamW the decay is decoupled [``adamw``];
 * tau (Table S1, CIFAR-10): VGG16 40 with SGDM and AdamW; ResNet-18 20 (SGDM) and 40 (AdamW)
@@ -17,14 +18,14 @@ Liu et al., Sec. 6.1 and Supp. B.2, setting by setting (the config's value in br
 * BWN (Hoffer et al.'s code, as Liu et al. ran it): mean-only BN on the convs, WD 5e-4 on the final
   fully connected layer only, lr / schedule as WD and WRS [``bwn`` norm, ``weight_decay_mask =
   "last_layer"``];
+* augmentation: random brightness, contrast, hue and saturation, a 32 x 32 crop of the image
+  zero-padded to 38 x 38, flips [``colour_crop_flip``; the jitter ranges are not stated, TensorFlow's
+  Inception ``distort_color`` ones stand in: ``jaxnorm.data.augment.COLOUR_JITTER``];
 * 3 trials [:data:`SEEDS`]; reported on the test set.
 
-Deviations (REPRODUCTION.md lists them too): no colour augmentation (the paper: random brightness,
-contrast, hue and saturation, then a 32 x 32 crop of the image zero-padded to 38 x 38, and flips;
-the loop's pipeline has ``crop_flip`` only: 4-pixel padding, flips, no colour jitter); inputs
-standardized per channel (the paper: scaled to [0, 1]); the WD runs also decay the BN betas and the
-classifier's bias (the loop has no "kernels and gammas" mask; ``kernels`` would leave the gammas
-undecayed); BWN's classifier is weight-normalized as well (jaxnorm's ``bwn`` model); VGG16 ends in
+Deviations (REPRODUCTION.md lists them too): the colour-jitter ranges (not stated; see above);
+inputs standardized per channel after the augmentation (the paper: scaled to [0, 1]); BWN's
+classifier is weight-normalized as well (jaxnorm's ``bwn`` model); VGG16 ends in
 global pooling + one classifier (on the 1 x 1 map of the last block this is the usual CIFAR VGG's
 flatten + linear). ``python experiments/scripts/grid.py cifar10_wrs [--only ...]``;
 ``--config.dataset.name=cifar10_jpeg`` for the offline JPEG copy. Not run here.
@@ -79,7 +80,7 @@ def get_config():
     config.model.kwargs = {}
     config.dataset.name = "cifar10"
     config.dataset.batch_size = BATCH_SIZE
-    config.dataset.augment = "crop_flip"
+    config.dataset.augment = "colour_crop_flip"
     config.num_epochs = 200.0
     config.log_every = 100
     config.checkpoint_every = 2000
@@ -92,7 +93,7 @@ def get_config():
             "boundaries": (0.3, 0.6, 0.8),
             "decay_factor": 0.1,
             "weight_decay": WEIGHT_DECAY,
-            "weight_decay_mask": "all",
+            "weight_decay_mask": "kernels_and_bn_scales",
             "wrappers": (),
             "wrapper_kwargs": {"wrs": {"tau": TAU[("vgg16", "sgdm")]}},
         }

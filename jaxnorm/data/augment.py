@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int,
-                padding: int) -> np.ndarray:
+def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int, padding: int) -> np.ndarray:
     """Zero-pad by ``padding`` pixels on each side, then take a random ``size x size`` crop.
 
     Each example gets its own offset, uniform over the ``H + 2 padding - size + 1`` positions per
@@ -23,7 +22,8 @@ def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int,
     if not 0 < size <= min(h, w) + 2 * padding:
         raise ValueError(
             f"size must lie in [1, {min(h, w) + 2 * padding}] for {h}x{w} images with "
-            f"padding={padding}, got {size}")
+            f"padding={padding}, got {size}"
+        )
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     top = rng.integers(0, h + 2 * padding - size + 1, size=b)
     left = rng.integers(0, w + 2 * padding - size + 1, size=b)
@@ -46,7 +46,57 @@ def center_crop(images: np.ndarray, size: int) -> np.ndarray:
     if not 0 < size <= min(h, w):
         raise ValueError(f"size must lie in [1, {min(h, w)}] for {h}x{w} images, got {size}")
     top, left = (h - size) // 2, (w - size) // 2
-    return images[:, top:top + size, left:left + size]
+    return images[:, top : top + size, left : left + size]
+
+
+COLOUR_JITTER = {"brightness": 32.0 / 255.0, "saturation": (0.5, 1.5), "hue": 0.2, "contrast": (0.5, 1.5)}
+"""Ranges of :func:`random_colour`: TensorFlow's Inception ``distort_color`` (ordering 0), whose
+``tf.image.random_*`` calls Liu et al. name without values (Supp. B.2)."""
+
+
+def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
+    """HSV of RGB values in ``[0, 1]`` (last axis), hue in ``[0, 1)``: ``tf.image.rgb_to_hsv``'s formula."""
+    r, g, b = np.moveaxis(rgb, -1, 0)
+    value = rgb.max(axis=-1)
+    chroma = value - rgb.min(axis=-1)
+    safe = np.where(chroma > 0, chroma, 1.0)
+    hue = np.where(
+        value == r, (g - b) / safe, np.where(value == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe)
+    )
+    hue = np.where(chroma > 0, (hue / 6.0) % 1.0, 0.0)
+    saturation = np.where(value > 0, chroma / np.where(value > 0, value, 1.0), 0.0)
+    return np.stack([hue, saturation, value], axis=-1)
+
+
+def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`rgb_to_hsv`: channel ``n`` (5, 3, 1 for R, G, B) is
+    ``v - v s clip(min(k, 4 - k), 0, 1)`` with ``k = (n + 6 h) mod 6``."""
+    h, s, v = np.moveaxis(hsv, -1, 0)
+    k = (np.array([5.0, 3.0, 1.0]).reshape((3,) + (1,) * h.ndim) + 6.0 * h) % 6.0
+    return np.stack(list(v - v * s * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0)), axis=-1)
+
+
+def random_colour(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random brightness, saturation, hue and contrast, in that order, each example its own draw.
+
+    With ``x`` in ``[0, 1]`` (:data:`COLOUR_JITTER` gives the ranges): ``x + delta_b``; saturation
+    times ``f_s`` and hue plus ``delta_h`` in HSV; ``(x - mean) f_c + mean`` per channel (``mean``
+    over the image), clipped to ``[0, 1]`` at the end, as TensorFlow's Inception ``distort_color``
+    (ordering 0) does; rounded back to uint8.
+    """
+    b = images.shape[0]
+    x = images.astype(np.float32) / 255.0
+    per_example = (b, 1, 1, 1)
+    x = x + rng.uniform(-COLOUR_JITTER["brightness"], COLOUR_JITTER["brightness"], b).reshape(per_example)
+    hsv = rgb_to_hsv(np.clip(x, 0.0, 1.0))
+    hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(*COLOUR_JITTER["saturation"], b)[:, None, None], 0.0, 1.0)
+    hsv[..., 0] = (
+        hsv[..., 0] + rng.uniform(-COLOUR_JITTER["hue"], COLOUR_JITTER["hue"], b)[:, None, None]
+    ) % 1.0
+    x = hsv_to_rgb(hsv)
+    mean = x.mean(axis=(1, 2), keepdims=True)
+    x = (x - mean) * rng.uniform(*COLOUR_JITTER["contrast"], b).reshape(per_example) + mean
+    return np.round(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
 def apply(name: str, images: np.ndarray, rng: np.random.Generator, *, train: bool) -> np.ndarray:
@@ -55,11 +105,17 @@ def apply(name: str, images: np.ndarray, rng: np.random.Generator, *, train: boo
     ``crop_flip``: random crop of the 4-pixel-padded image at the original size, then a flip
     (training only). ``cifar_nv_crop``: random ``(H - 4)``-pixel crops of the 2-pixel-padded
     image and a flip for training, the central crop of that size for evaluation: 28 x 28 on CIFAR
-    (Stock et al. 2019, Sec. 6.2). ``none``: the images as they are.
+    (Stock et al. 2019, Sec. 6.2). ``colour_crop_flip``: Liu et al.'s CIFAR recipe (Supp. B.2):
+    :func:`random_colour`, a random crop of the image zero-padded to ``H + 6`` (32 -> 38), a flip
+    (training only). ``none``: the images as they are.
     """
     h = images.shape[1]
     if name == "crop_flip":
         return random_flip(random_crop(images, rng, size=h, padding=4), rng) if train else images
+    if name == "colour_crop_flip":
+        if not train:
+            return images
+        return random_flip(random_crop(random_colour(images, rng), rng, size=h, padding=3), rng)
     if name == "cifar_nv_crop":
         if not train:
             return center_crop(images, h - 4)
@@ -67,5 +123,7 @@ def apply(name: str, images: np.ndarray, rng: np.random.Generator, *, train: boo
     if name == "none":
         return images
     raise ValueError(
-        f"augment must be one of ['cifar_nv_crop', 'crop_flip', 'none'] for in-memory datasets, "
-        f"got {name!r}")
+        f"augment must be one of ['cifar_nv_crop', 'colour_crop_flip', 'crop_flip', 'none'] for "
+        f"in-memory datasets, "
+        f"got {name!r}"
+    )

@@ -74,10 +74,12 @@ _SPECS: dict[str, _Spec] = {
 }
 
 AUGMENTATIONS: tuple[str, ...] = (
-    "none", "crop_flip", "cifar_nv_crop", "inception_crop_flip")
+    "none", "crop_flip", "cifar_nv_crop", "colour_crop_flip", "inception_crop_flip")
 """Augmentation names: ``crop_flip`` = random crop of the padded image (4 pixels) + horizontal
 flip (He et al. 2016, Sec. 4.2); ``cifar_nv_crop`` = random 28 x 28 crops of the 2-pixel-padded
 image + flip, center 28 x 28 crops for evaluation (Stock et al. 2019, Sec. 6.2);
+``colour_crop_flip`` = random brightness / saturation / hue / contrast, a crop of the 3-pixel-padded
+image (38 x 38 on CIFAR) + flip (Liu et al., Supp. B.2);
 ``inception_crop_flip`` = ImageNet random-resized crops + flip (Szegedy et al. 2015)."""
 
 
@@ -90,7 +92,8 @@ def resolve_augment(name: str, augment: str | None) -> str:
     if (augment == "inception_crop_flip") != (name == "imagenet2012"):
         raise ValueError(
             f"augment={augment!r} does not apply to {name}: ImageNet uses "
-            "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop'")
+            "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop', "
+            "'colour_crop_flip'")
     return augment
 
 

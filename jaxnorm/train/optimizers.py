@@ -33,7 +33,15 @@ PyTree = Any
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "linear", "quadratic")
-WEIGHT_DECAY_MASKS = ("all", "kernels", "hidden_kernels", "bn_scales", "last_layer", "last_kernel")
+WEIGHT_DECAY_MASKS = (
+    "all",
+    "kernels",
+    "hidden_kernels",
+    "bn_scales",
+    "kernels_and_bn_scales",
+    "last_layer",
+    "last_kernel",
+)
 MASKS = ("kernels", "scale_invariant")
 """Values of a wrapper's ``mask`` kwarg: every kernel (rank >= 2 leaf), or the scale-invariant ones
 (kernels whose units feed a BatchNorm, found by tracing the model; the training loop supplies them)."""
@@ -86,7 +94,8 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
     """A function ``params -> bool tree`` selecting the leaves that get weight decay.
 
     ``all``: every leaf; ``kernels``: every leaf with ``ndim >= 2`` (Dense / Conv kernels, weight-norm
-    directions); ``bn_scales``: the ``scale`` leaves of normalization layers (BN gammas); ``last_layer``:
+    directions); ``bn_scales``: the ``scale`` leaves of normalization layers (BN gammas);
+    ``kernels_and_bn_scales``: both (Liu et al.'s placement of WD, Supp. B.2); ``last_layer``:
     the leaves of the last module (in creation order) that owns a kernel, i.e. the classifier;
     ``last_kernel``: that module's kernel only (the classifier's share of ``kernels``);
     ``hidden_kernels``: ``kernels`` without ``last_kernel`` (the hidden layers' kernels).
@@ -99,8 +108,9 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
             sel = {k: True for k in flat}
         elif name == "kernels":
             sel = {k: v.ndim >= 2 for k, v in flat.items()}
-        elif name == "bn_scales":
-            sel = {k: k[-1] == "scale" and v.ndim == 1 for k, v in flat.items()}
+        elif name in ("bn_scales", "kernels_and_bn_scales"):
+            kernels = name == "kernels_and_bn_scales"
+            sel = {k: (k[-1] == "scale" and v.ndim == 1) or (kernels and v.ndim > 1) for k, v in flat.items()}
         else:
             owners = [k[:-1] for k, v in flat.items() if v.ndim >= 2]
             if not owners:
