@@ -18,7 +18,7 @@ from fmnist import needs_fmnist
 
 from experiments import __main__ as cli
 from experiments import analysis
-from experiments.scripts import bn_constant, enorm_nv, grid, implicit_enorm
+from experiments.scripts import analyses, bn_constant, common, enorm_nv
 from jaxnorm.train import experiment
 
 REPRO_CONFIGS = (
@@ -36,15 +36,21 @@ REPRO_CONFIGS = (
     "cifar10_wrs",
     "cifar10_vgg11_norm_matters",
     "imagenet_enorm_resnet18",
+    "fmnist_isp_sparsity",
+    "fmnist_wn_init",
+    "fmnist_hessian_lr",
+    "fmnist_enorm_c_depth",
+    "fmnist_implicit_enorm",
+    "fmnist_swn_depth",
 )
 
 
 def _variant_config(name, variant):
-    module = grid.load_module(name)
+    module = common.load_module(name)
     config = experiment.experiment_defaults()
     config.update(copy.deepcopy(module.get_config()))
     for key, value in module.VARIANTS[variant].items():
-        grid.set_dotted(config, key, value)
+        common.set_dotted(config, key, value)
     with config.unlocked():
         config.sweep.key = ""
     return config
@@ -56,7 +62,7 @@ def test_config_loads_and_every_variant_builds(name):
     config = cli.load_config(name, [])
     for _, run_config in experiment.expand_sweep(config):  # the `python -m experiments` sweep
         experiment.validate(run_config)
-    module = grid.load_module(name)
+    module = common.load_module(name)
     assert module.VARIANTS and module.SEEDS
     for variant, overrides in module.VARIANTS.items():
         config = _variant_config(name, variant)
@@ -71,7 +77,7 @@ def test_config_loads_and_every_variant_builds(name):
 def test_set_dotted_rejects_unknown_parent_fields():
     config = experiment.experiment_defaults()
     with pytest.raises(ValueError, match=r"no field 'optimiser\.learning_rate'"):
-        grid.set_dotted(config, "optimiser.learning_rate", 0.1)
+        common.set_dotted(config, "optimiser.learning_rate", 0.1)
 
 
 @needs_fmnist
@@ -89,15 +95,15 @@ def test_variant_trains_two_steps(name, variant):
     with config.unlocked():
         config.quick, config.quick_steps, config.quick_examples = True, 2, 64
     config = experiment.apply_quick(config)
-    result = grid.run_one(config, {}, seed=0)
+    result = common.run_one(config, {}, seed=0)
     assert result["steps"] == 2
     assert math.isfinite(result["train_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
     assert result["final_l2"] > 0 and result["norms"]
 
 
 def test_fmt_reports_mean_std_and_divergence():
-    assert grid.fmt([0.5, 0.7], 100) == "60.00 ± 10.00"
-    assert "1 diverged" in grid.fmt([0.5, float("nan")], 100)
+    assert common.fmt([0.5, 0.7], 100) == "60.00 ± 10.00"
+    assert "1 diverged" in common.fmt([0.5, float("nan")], 100)
 
 
 def test_l1_constant_factor_gives_the_swept_constant(x64):
@@ -150,7 +156,7 @@ def test_wrs_state_wrapper_rescales_weights_every_tau_updates():
 def test_enorm_nv_spec_covers_every_hidden_conv():
     """With the BN after the classifier the net is no chain; discover finds the 8 conv junctions."""
     config = experiment.experiment_defaults()
-    config.update(grid.load_module("fmnist_enorm_nv").get_config())
+    config.update(common.load_module("fmnist_enorm_nv").get_config())
     with config.unlocked():
         config.model.kwargs.widths = (4, 4, 4)
         config.model.kwargs.final_bn = True
@@ -158,13 +164,13 @@ def test_enorm_nv_spec_covers_every_hidden_conv():
     assert len(spec) == 8
     assert [j.producers[-1][0] for j in spec] == [(f"conv_{i}", "kernel") for i in range(8)]
     assert spec[-1].consumers[0][0] == ("head", "kernel")
-    overrides = enorm_nv.with_spec(grid.load_module("fmnist_enorm_nv").VARIANTS["enorm-1.2"], spec)
+    overrides = enorm_nv.with_spec(common.load_module("fmnist_enorm_nv").VARIANTS["enorm-1.2"], spec)
     assert overrides["optimizer.wrapper_kwargs"]["enorm"] == {"c": 1.2, "spec": spec}
 
 
 @needs_fmnist
 def test_enorm_nv_enorm_variant_trains_two_steps():
-    module = grid.load_module("fmnist_enorm_nv")
+    module = common.load_module("fmnist_enorm_nv")
     base = module.get_config()
     with base.unlocked():
         base.model.kwargs.widths = (4, 4, 4)
@@ -177,7 +183,7 @@ def test_enorm_nv_enorm_variant_trains_two_steps():
         "dataset.train_split": "train[:64]",
         "dataset.eval_split": "test[:64]",
     }
-    result = grid.run_one(base, overrides, seed=0)
+    result = common.run_one(base, overrides, seed=0)
     assert result["steps"] == 2 and math.isfinite(result["train_loss"])
 
 
@@ -196,10 +202,10 @@ def test_implicit_imbalance_matches_numpy_and_vanishes_after_balancing(x64):
         incoming = np.linalg.norm(params[a]["kernel"], axis=0)
         outgoing = np.linalg.norm(params[b]["kernel"], axis=1)
         expected.append(np.abs(np.log(outgoing / incoming)))
-    got = implicit_enorm.imbalance(jax.tree.map(jnp.asarray, params), spec)
+    got = analyses.imbalance(jax.tree.map(jnp.asarray, params), spec)
     np.testing.assert_allclose(got, np.mean(np.concatenate(expected)), rtol=1e-5)
     balanced = enorm_balance(jax.tree.map(jnp.asarray, params), spec, cycles=200)
-    assert implicit_enorm.imbalance(balanced, spec) < 1e-4
+    assert analyses.imbalance(balanced, spec) < 1e-4
 
 
 def test_enorm_nv_merge_concatenates_seeds_per_cell(tmp_path):
@@ -220,12 +226,12 @@ def test_enorm_nv_merge_concatenates_seeds_per_cell(tmp_path):
 def test_cifar_nv_enorm_variant_with_final_bn_trains_through_the_loop():
     """`python -m experiments` / grid.py with no spec: the training loop discovers the junctions of
     the non-chain network (BN after the classifier) instead of failing in ``chain``."""
-    base = grid.load_module("cifar10_enorm_nv").get_config()
+    base = common.load_module("cifar10_enorm_nv").get_config()
     with base.unlocked():
         base.dataset.name = "fashion_mnist"
         base.dataset.augment = ""
         base.model.kwargs.widths = (4, 4, 4)
-    variant = grid.load_module("cifar10_enorm_nv").VARIANTS["enorm-1.2"]
+    variant = common.load_module("cifar10_enorm_nv").VARIANTS["enorm-1.2"]
     overrides = {
         **variant,
         "num_steps": 2,
@@ -233,7 +239,7 @@ def test_cifar_nv_enorm_variant_with_final_bn_trains_through_the_loop():
         "dataset.train_split": "train[:64]",
         "dataset.eval_split": "test[:64]",
     }
-    result = grid.run_one(base, overrides, seed=0)
+    result = common.run_one(base, overrides, seed=0)
     assert result["steps"] == 2 and math.isfinite(result["train_loss"])
 
 
@@ -274,7 +280,7 @@ def _resolved(name, variant=None):
     if variant is not None:
         return _variant_config(name, variant)
     config = experiment.experiment_defaults()
-    config.update(grid.load_module(name).get_config())
+    config.update(common.load_module(name).get_config())
     return config
 
 
@@ -283,7 +289,7 @@ def test_cifar10_wrs_encodes_liu_et_al_settings():
     40 AdamW), WD 5e-4 on kernels and gammas for WD, on the gammas only for WRS, BWN with WD on the
     last layer, 200 epochs with decays at 60 / 120 / 160, AdamW + WRS 100 epochs; colour jitter, crops of
     the image padded to 38 x 38 and flips."""
-    module = grid.load_module("cifar10_wrs")
+    module = common.load_module("cifar10_wrs")
     taus = {}
     for variant in module.VARIANTS:
         config = _resolved("cifar10_wrs", variant)
@@ -328,7 +334,7 @@ def test_fmnist_effective_lr_keeps_the_masks_its_committed_runs_used():
     """The results JSON was produced with WD on every kernel (wd) / the classifier's kernel (others)."""
     masks = {
         v: _resolved("fmnist_effective_lr", v).optimizer.weight_decay_mask
-        for v in grid.load_module("fmnist_effective_lr").VARIANTS
+        for v in common.load_module("fmnist_effective_lr").VARIANTS
     }
     assert masks == {"wd": "kernels", **{v: "last_kernel" for v in masks if v != "wd"}}
     assert _resolved("fmnist_effective_lr").num_epochs == 3.0
@@ -348,7 +354,7 @@ def test_enorm_cifar_configs_sweep_the_papers_cross_validation_grids(name, lrs, 
     assert config.sweep.key == "optimizer.learning_rate" and tuple(config.sweep.grid) == lrs
     assert (config.dataset.train_split, config.dataset.eval_split) == ("train_minus_validation", "validation")
     assert config.num_epochs == epochs and config.dataset.batch_size == batch
-    variants = grid.load_module(name).VARIANTS
+    variants = common.load_module(name).VARIANTS
     assert sorted(v["model.kwargs.num_groups"] for k, v in variants.items() if k.startswith("gn-")) == list(
         groups
     )
@@ -357,7 +363,7 @@ def test_enorm_cifar_configs_sweep_the_papers_cross_validation_grids(name, lrs, 
 def test_imagenet_table4_config_encodes_the_batch_size_rules():
     """Sec. 6.3: lr 0.1 B / 256, WD 1e-5 / 10^-4.5 / 1e-4 / 1e-4 for B = 32 / 64 / 128 / 256, 90
     epochs, type-C ResNet-18, final BN for baseline and ENorm, GN 32 groups."""
-    module = grid.load_module("imagenet_enorm_resnet18")
+    module = common.load_module("imagenet_enorm_resnet18")
     assert len(module.VARIANTS) == 16
     expected_wd = {32: 1e-5, 64: 10**-4.5, 128: 1e-4, 256: 1e-4}
     for b, wd in expected_wd.items():

@@ -225,11 +225,20 @@ def test_scale_invariant_wrapper_under_pmap_traces_the_per_device_twin():
     from jaxnorm.train import DataParallel
 
     base = {**CONFIG, "num_steps": 4, "checkpoint_every": 0, "plots": False, "eval_every": 0}
-    optimizer = {"name": "sgd", "learning_rate": 0.2, "wrappers": ("norm_schedule",),
-                 "wrapper_kwargs": {"norm_schedule": {"rho": 2.0}}}
+    optimizer = {
+        "name": "sgd",
+        "learning_rate": 0.2,
+        "wrappers": ("norm_schedule",),
+        "wrapper_kwargs": {"norm_schedule": {"rho": 2.0}},
+    }
     train_src, _ = _sources()
-    result = train({**base, "optimizer": optimizer}, model=BNNet(axis_name="batch"), train_data=train_src,
-                   parallel=DataParallel("pmap"), invariance_model=BNNet())
+    result = train(
+        {**base, "optimizer": optimizer},
+        model=BNNet(axis_name="batch"),
+        train_data=train_src,
+        parallel=DataParallel("pmap"),
+        invariance_model=BNNet(),
+    )
     conv = np.asarray(result.state.params["Conv_0"]["kernel"]).reshape(-1, 8)
     np.testing.assert_allclose(np.linalg.norm(conv, axis=0), 2.0, rtol=1e-5)
 
@@ -290,9 +299,26 @@ def test_init_examples_gives_data_dependent_inits_a_real_batch():
     assert np.abs(hidden(8).std(0) - 1).max() > 0.05  # standardised over 8 examples, not these 64
     with pytest.raises(ValueError, match="at least 2 examples"):
         hidden(1)  # the default: weight norm's own error, not a silently degenerate init
-    for bad in (0, 65, True):  # (a float is refused by ml_collections: the field is an int)
-        with pytest.raises(ValueError, match=r"config.init_examples must be an int in \[1, 64\]"):
+    for bad in (0, 321, True):  # (a float is refused by ml_collections: the field is an int)
+        with pytest.raises(ValueError, match=r"config.init_examples must be an int in \[1, 320\]"):
             train({**config, "init_examples": bad}, model=model, train_data=train_src)
+
+
+def test_init_examples_beyond_one_batch_reads_the_first_batches_of_the_first_epoch():
+    """``init_examples`` larger than the batch (64): model.init sees the first two batches of epoch 0
+    (the data init standardises over those 128 examples, not over the first batch alone)."""
+    train_src, _ = _sources()
+    batches = train_src.epoch(0)
+    first_two = np.concatenate([next(batches)["image"], next(batches)["image"]])
+    config = {"num_steps": 1, "progress": False, "init_examples": 128}
+    config["optimizer"] = {"name": "sgd", "learning_rate": 0.0}
+    model = DataInitNet()
+    params = train(config, model=model, train_data=train_src).state.params
+    pre = model.apply({"params": params}, first_two, train=False, capture_intermediates=True)
+    h = np.asarray(pre[1]["intermediates"]["WeightNormDense_0"]["__call__"][0], np.float64)
+    np.testing.assert_allclose(h.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(h.std(0), 1.0, rtol=1e-3)
+    assert np.abs(h[:64].std(0) - 1).max() > 0.01  # not the first batch's standardisation
 
 
 def test_angular_update_records_and_the_equilibrium_prediction():

@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts.grid import fmt
+from experiments.scripts.common import fmt
 from jaxnorm import nn as jnn
 from jaxnorm.functional.stats import L1_CONSTANT
 from jaxnorm.train import experiment, loop
@@ -59,8 +59,14 @@ class ResidualMLP(nn.Module):
         h = nn.relu(nn.Dense(self.width, name="stem")(x.reshape((x.shape[0], -1))))
         for i in range(self.blocks):
             y = nn.Dense(self.width, use_bias=False, name=f"dense_{i}")(h)
-            y = jnn.BatchNorm(p=self.p, calibration=self.calibration, use_scale=False, use_bias=False,
-                              momentum=0.9, name=f"bn_{i}")(y, use_running_average=not train)
+            y = jnn.BatchNorm(
+                p=self.p,
+                calibration=self.calibration,
+                use_scale=False,
+                use_bias=False,
+                momentum=0.9,
+                name=f"bn_{i}",
+            )(y, use_running_average=not train)
             y = self.factor * y
             y = y * self.param(f"scale_{i}", nn.initializers.ones, (self.width,))
             y = y + self.param(f"bias_{i}", nn.initializers.zeros, (self.width,))
@@ -82,12 +88,21 @@ def variants() -> dict[str, dict]:
 
 def base_config(epochs: float, warmup: int):
     config = experiment.experiment_defaults()
-    config.update({"num_epochs": epochs, "log_every": 50, "progress": False, "plots": False,
-                   "checkpoint_every": 0})
+    config.update(
+        {"num_epochs": epochs, "log_every": 50, "progress": False, "plots": False, "checkpoint_every": 0}
+    )
     config.dataset.batch_size = 128
-    config.optimizer.update({"name": "momentum", "learning_rate": 0.1, "momentum": 0.9,
-                             "schedule": "cosine", "warmup_steps": warmup, "weight_decay": 5e-4,
-                             "weight_decay_mask": "kernels"})
+    config.optimizer.update(
+        {
+            "name": "momentum",
+            "learning_rate": 0.1,
+            "momentum": 0.9,
+            "schedule": "cosine",
+            "warmup_steps": warmup,
+            "weight_decay": 5e-4,
+            "weight_decay_mask": "kernels",
+        }
+    )
     return config
 
 
@@ -101,8 +116,10 @@ def main() -> None:
     parser.add_argument("--out", default="experiments/figures")
     args = parser.parse_args()
 
-    rows = ["| variant | seeds | test acc (%) | best test acc (%) | train loss |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "| variant | seeds | test acc (%) | best test acc (%) | train loss |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     curves = {}
     for name, kwargs in variants().items():
         accs, bests, losses, runs = [], [], [], []
@@ -128,8 +145,12 @@ def main() -> None:
     final = np.array([[r[-1][1] for r in curves[k]] for k, _ in l1]) * 100
     axes[0].errorbar(cs, final.mean(1), yerr=final.std(1), marker="o", capsize=3)
     axes[0].axvline(math.sqrt(math.pi / 2), ls=":", c="gray", label="sqrt(pi/2)")
-    axes[0].set(xscale="log", xlabel="C_L1", ylabel="final test accuracy (%)",
-                title=f"L1 BN constant sweep ({args.arch} MLP, {args.blocks} blocks)")
+    axes[0].set(
+        xscale="log",
+        xlabel="C_L1",
+        ylabel="final test accuracy (%)",
+        title=f"L1 BN constant sweep ({args.arch} MLP, {args.blocks} blocks)",
+    )
     axes[0].legend()
     for name, runs in curves.items():
         steps = [s for s, _ in runs[0]]

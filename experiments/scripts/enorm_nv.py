@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts import grid
+from experiments.scripts import common
 from jaxnorm import data
 from jaxnorm.enorm import discover
 from jaxnorm.train import experiment
@@ -49,20 +49,24 @@ OPTIMIZERS = {"sgd": 0.0, "momentum": 0.9}
 
 def enorm_spec(config) -> tuple:
     """The ENorm junctions of ``config``'s model (with its final BN), found by tracing it."""
-    model = experiment.build_model(config, data.info(config.dataset.name).num_classes,
-                                   DataParallel("jit"))
+    model = experiment.build_model(config, data.info(config.dataset.name).num_classes, DataParallel("jit"))
     x = jnp.zeros((2, *data.info(config.dataset.name).image_shape), jnp.float32)
     variables = model.init(jax.random.key(0), x, train=False)
-    spec = discover(lambda p, x: model.apply({**variables, "params": p}, x, train=False),
-                    variables["params"], x)
+    spec = discover(
+        lambda p, x: model.apply({**variables, "params": p}, x, train=False), variables["params"], x
+    )
     return tuple(spec)
 
 
 def cell_overrides(batch_size: int, optimizer: str, lr_of) -> dict[str, Any]:
     """The config keys of one table cell (batch size, optimizer)."""
     lr = lr_of(batch_size, OPTIMIZERS[optimizer])
-    return {"dataset.batch_size": batch_size, "optimizer.name": optimizer,
-            "optimizer.momentum": OPTIMIZERS[optimizer], "optimizer.learning_rate": lr}
+    return {
+        "dataset.batch_size": batch_size,
+        "optimizer.name": optimizer,
+        "optimizer.momentum": OPTIMIZERS[optimizer],
+        "optimizer.learning_rate": lr,
+    }
 
 
 def with_spec(overrides: Mapping[str, Any], spec: tuple) -> dict[str, Any]:
@@ -79,11 +83,14 @@ def tables(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]]) -> st
     out = []
     for optimizer, by_batch in results.items():
         variants = list(next(iter(by_batch.values())))
-        out += [f"{optimizer} (momentum {OPTIMIZERS[optimizer]:g}):", "",
-                "| batch | " + " | ".join(variants) + " |",
-                "| --- |" + " --- |" * len(variants)]
+        out += [
+            f"{optimizer} (momentum {OPTIMIZERS[optimizer]:g}):",
+            "",
+            "| batch | " + " | ".join(variants) + " |",
+            "| --- |" + " --- |" * len(variants),
+        ]
         for batch, accs in by_batch.items():
-            out.append(f"| {batch} | " + " | ".join(grid.fmt(accs[v], 100) for v in variants) + " |")
+            out.append(f"| {batch} | " + " | ".join(common.fmt(accs[v], 100) for v in variants) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -94,11 +101,14 @@ def plot(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]], path: s
     for ax, (optimizer, by_batch) in zip(axes[0], results.items(), strict=True):
         batches = list(by_batch)
         for variant in next(iter(by_batch.values())):
-            acc = np.array([np.nan_to_num(np.asarray(by_batch[b][variant]) * 100, nan=10.0)
-                            for b in batches])
+            acc = np.array([np.nan_to_num(np.asarray(by_batch[b][variant]) * 100, nan=10.0) for b in batches])
             ax.errorbar(batches, acc.mean(1), yerr=acc.std(1), marker="o", capsize=3, label=variant)
-        ax.set(xscale="log", xlabel="batch size", ylabel="test accuracy (%)",
-               title=f"CIFAR-NV (narrow) on Fashion-MNIST, {optimizer}")
+        ax.set(
+            xscale="log",
+            xlabel="batch size",
+            ylabel="test accuracy (%)",
+            title=f"CIFAR-NV (narrow) on Fashion-MNIST, {optimizer}",
+        )
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -136,13 +146,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         plot(results, os.path.join(args.out, f"{CONFIG}.png"))
         return
 
-    module = grid.load_module(CONFIG)
+    module = common.load_module(CONFIG)
     base = module.get_config()
-    grid.apply_sets(base, args.set)
+    common.apply_sets(base, args.set)
     full = experiment.experiment_defaults()
     full.update(base)
     for key, value in module.VARIANTS["enorm-1"].items():  # the ENorm nets (with the final BN)
-        grid.set_dotted(full, key, value)
+        common.set_dotted(full, key, value)
     spec = enorm_spec(full)
     variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
     results: dict[str, dict[int, dict[str, list[float]]]] = {}
@@ -154,11 +164,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             for name, overrides in variants.items():
                 accs = results[optimizer][batch][name] = []
                 for seed in args.seeds:
-                    r = grid.run_one(base, {**cell, **with_spec(overrides, spec)}, seed)
+                    r = common.run_one(base, {**cell, **with_spec(overrides, spec)}, seed)
                     accs.append(r["eval_accuracy"] if np.isfinite(r["train_loss"]) else float("nan"))
-                    print(f"{optimizer} batch {batch} {name} seed {seed}: test acc "
-                          f"{100 * r['eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
-                          f"{r['seconds']:.0f} s", flush=True)
+                    print(
+                        f"{optimizer} batch {batch} {name} seed {seed}: test acc "
+                        f"{100 * r['eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
+                        f"{r['seconds']:.0f} s",
+                        flush=True,
+                    )
     print(tables(results))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{CONFIG}.png")

@@ -18,14 +18,14 @@ learning rate chosen on the validation split by a first sweep, for a second swee
 
 A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git
 describe), "eval_accuracy", "best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}``
-(the loop's run summary and :func:`grid.run_one`'s extras).
+(the loop's run summary and :func:`common.run_one`'s extras; ``"analysis"`` for a config with
+``ANALYSIS``).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import itertools
 import json
 import os
@@ -35,8 +35,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts.grid import apply_sets, hidden_norm_curve, kernel_l2, load_module, set_dotted
-from jaxnorm.train import experiment
+from experiments.scripts.common import apply_sets, load_module, run_one
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -105,28 +104,11 @@ def select(path: str, key: str, variant: str, point: dict[str, Any]) -> Any:
     return values[best]
 
 
-def run_resumable(base, overrides, grid: dict[str, Any], seed: int, workdir: str) -> dict[str, Any]:
+def run_resumable(
+    base, overrides, grid: dict[str, Any], seed: int, workdir: str, analysis: str = ""
+) -> dict[str, Any]:
     """One run with checkpoints in ``workdir`` (resumed if it holds one of the same config)."""
-    config = experiment.experiment_defaults()
-    config.update(copy.deepcopy(base))
-    for key, value in {**overrides, **grid}.items():
-        set_dotted(config, key, value)
-    with config.unlocked():
-        config.seed = seed
-        config.progress = False
-        config.plots = False
-        config.sweep.key = ""
-    experiment.validate(config)
-    result = experiment.run(config, workdir)
-    if result.preempted:
-        raise SystemExit(experiment.PREEMPTED_EXIT_CODE)
-    evals = [(r["step"], r["accuracy"]) for r in result.history if r["split"] == "eval"]
-    return {
-        **result.summary,
-        "final_l2": kernel_l2(result.state.params),
-        "curve": evals,
-        "norms": hidden_norm_curve(result.history),
-    }
+    return run_one(base, {**overrides, **grid}, seed, workdir=workdir, analysis=analysis)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -166,7 +148,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     continue
                 print(f"== {key}", flush=True)
                 summary = run_resumable(
-                    base, module.VARIANTS[name], run_point, seed, os.path.join(args.workdir, key)
+                    base,
+                    module.VARIANTS[name],
+                    run_point,
+                    seed,
+                    os.path.join(args.workdir, key),
+                    getattr(module, "ANALYSIS", ""),
                 )
                 record = {
                     "key": key,

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts import grid
+from experiments.scripts import common
 from jaxnorm import data
 
 CONFIG = "fmnist_wd_time"
@@ -36,8 +36,9 @@ CONFIG = "fmnist_wd_time"
 
 def variants(module, base) -> tuple[dict[str, dict[str, Any]], list[int]]:
     """All runs: the config's whole-run ones plus early / late WD and WRS; and the LR-decay steps."""
-    steps_per_epoch = data.load(base.dataset.name, base.dataset.train_split,
-                                batch_size=int(base.dataset.batch_size), train=True).steps_per_epoch
+    steps_per_epoch = data.load(
+        base.dataset.name, base.dataset.train_split, batch_size=int(base.dataset.batch_size), train=True
+    ).steps_per_epoch
     total = round(float(base.num_epochs) * steps_per_epoch)
     decays = [max(1, round(b * total)) for b in base.optimizer.boundaries]
     windows = {"early": (0, decays[0]), "late": (decays[0], total)}
@@ -46,7 +47,8 @@ def variants(module, base) -> tuple[dict[str, dict[str, Any]], list[int]]:
         for kind, kwargs in (("wd", {"weight_decay": module.WEIGHT_DECAY}), ("wrs", {"tau": module.TAU})):
             out[f"{kind} ({label})"] = {
                 "optimizer.wrappers": ("window",),
-                "optimizer.wrapper_kwargs": {"window": {"kind": kind, "start": start, "end": end, **kwargs}}}
+                "optimizer.wrapper_kwargs": {"window": {"kind": kind, "start": start, "end": end, **kwargs}},
+            }
     order = ["none", *(f"{kind} ({w})" for kind in ("wd", "wrs") for w in ("whole run", "early", "late"))]
     return {k: out[k] for k in order}, decays
 
@@ -65,7 +67,7 @@ def plot(results, decays: Sequence[int], path: str) -> None:
             ax.axvline(d, color="k", ls="--", lw=0.8)
         ax.set(xlabel="step", ylabel="test accuracy (%)", title=f"{kind.upper()} applied in a window")
         ax.legend(fontsize=7)
-    lows = [min(a for _, a in r["curve"][len(r["curve"]) // 3:]) for runs in results.values() for r in runs]
+    lows = [min(a for _, a in r["curve"][len(r["curve"]) // 3 :]) for runs in results.values() for r in runs]
     axes[0].set_ylim(100 * min(lows) - 0.5, None)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -79,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", default="experiments/figures")
     args = parser.parse_args(argv)
 
-    module = grid.load_module(CONFIG)
+    module = common.load_module(CONFIG)
     base = module.get_config()
-    grid.apply_sets(base, args.set)
+    common.apply_sets(base, args.set)
     runs, decays = variants(module, base)
     seeds = args.seeds if args.seeds else list(module.SEEDS)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -90,13 +92,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         results[name] = []
         for seed in seeds:
-            r = grid.run_one(base, overrides, seed)
+            r = common.run_one(base, overrides, seed)
             results[name].append(r)
-            print(f"{name} seed {seed}: test acc {100 * r['eval_accuracy']:.2f}%, best "
-                  f"{100 * r['best_eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
-                  f"{r['seconds']:.0f} s", flush=True)
+            print(
+                f"{name} seed {seed}: test acc {100 * r['eval_accuracy']:.2f}%, best "
+                f"{100 * r['best_eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
+                f"{r['seconds']:.0f} s",
+                flush=True,
+            )
     print(f"learning-rate decays at steps {decays}")
-    print(grid.table(results))
+    print(common.table(results))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{CONFIG}.png")
     plot(results, decays, path)

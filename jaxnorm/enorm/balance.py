@@ -33,8 +33,8 @@ from jaxnorm.enorm.trees import is_nnx_state, is_variables, split_params
 
 __all__ = [
     "Plan", "Slice", "apply_scale", "check_c", "check_cycles", "check_max_scale", "check_p",
-    "compute_dtype",
-    "enorm_balance", "flatten_params", "junction_scale", "multipliers", "objective", "plan_spec",
+    "compute_dtype", "enorm_balance", "flatten_params", "junction_c", "junction_scale", "multipliers",
+    "objective", "plan_spec",
 ]
 
 PyTree = Any
@@ -75,10 +75,22 @@ def check_p(p: Any, what: str) -> float:
     return float(p)
 
 
-def check_c(c: Any, what: str) -> None:
+def check_c(c: Any, what: str, *, per_junction: bool = False) -> None:
     """``c`` must be a real scalar > 0 and finite; checked whenever its value is known (Python
     and NumPy numbers, concrete JAX arrays). A traced ``c`` cannot be checked: a traced c <= 0
-    turns the balanced params into NaN (never a silent no-op)."""
+    turns the balanced params into NaN (never a silent no-op). With ``per_junction``, ``c`` may
+    also be a sequence (or 1-D array) of such values, one per junction; its length is checked
+    against the spec by :func:`junction_c`."""
+    if per_junction and (isinstance(c, list | tuple) or (
+            isinstance(c, np.ndarray | jax.Array) and np.ndim(c) == 1)):
+        if len(c) == 0:
+            raise ValueError(f"{what}: c must be a number > 0 or one per junction, got an empty sequence")
+        for k, value in enumerate(c):
+            try:
+                check_c(value, what)
+            except ValueError as err:
+                raise ValueError(f"{what}: c[{k}]: {str(err).split(': ', 1)[-1]}") from None
+        return
     if isinstance(c, bool):
         raise ValueError(f"{what}: c must be a number > 0, got {c!r}")
     if isinstance(c, jax.core.Tracer):
@@ -94,6 +106,18 @@ def check_c(c: Any, what: str) -> None:
         raise ValueError(f"{what}: c must be a real scalar > 0, got {c!r}")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"{what}: c must be > 0 and finite, got {c!r}")
+
+
+def junction_c(c: Any, junctions: int, what: str) -> Any:
+    """``c`` as :func:`enorm_balance` passes it to the cycles: a scalar as it is, a per-junction
+    sequence as a ``(junctions,)`` float array after checking that it has one value per junction."""
+    if isinstance(c, list | tuple) or (isinstance(c, np.ndarray | jax.Array) and np.ndim(c) == 1):
+        if len(c) != junctions:
+            raise ValueError(
+                f"{what}: c has {len(c)} values for the {junctions} junctions of the spec; give one "
+                "per junction, in spec order, or a single number")
+        return jnp.asarray(list(c) if isinstance(c, tuple) else c)
+    return c
 
 
 def check_cycles(cycles: Any, what: str) -> None:
@@ -304,7 +328,8 @@ def _cycle(leaves: list, plans: Sequence[Plan], p: float, c: Any, count_biases: 
     """One BCD cycle; with ``max_scale``, each junction's scale is kept such that its running
     total (over the cycles of this call) stays in ``[1 / max_scale, max_scale]``."""
     scales = []
-    for plan, power_of_two, total in zip(plans, exact, totals, strict=True):
+    for k, (plan, power_of_two, total) in enumerate(zip(plans, exact, totals, strict=True)):
+        c_k = c if jnp.ndim(c) == 0 else c[k]
         bounds = None
         if max_scale is not None:
             log_total = jnp.log(total)
@@ -314,7 +339,7 @@ def _cycle(leaves: list, plans: Sequence[Plan], p: float, c: Any, count_biases: 
                 bounds = (-top - k, top - k)
             else:
                 bounds = (-math.log(max_scale) - log_total, math.log(max_scale) - log_total)
-        d = junction_scale(leaves, plan, p, c, count_biases, power_of_two, bounds)
+        d = junction_scale(leaves, plan, p, c_k, count_biases, power_of_two, bounds)
         apply_scale(leaves, plan, d)
         scales.append(d)
     return scales
@@ -376,7 +401,7 @@ def enorm_balance(
     spec: Sequence[Junction] | None = None,
     *,
     p: float | str = 2,
-    c: float = 1.0,
+    c: float | Sequence[float] = 1.0,
     cycles: int = 1,
     return_scales: bool = False,
     count_biases: bool = False,
@@ -412,7 +437,10 @@ def enorm_balance(
       p: norm order, a positive number or ``"inf"``.
       c: asymmetry (> 0): at the fixed point ``||outgoing_j||_p = c ||incoming_j||_p``. For c != 1
         there is an objective (see :func:`objective`) only where all paths have equal length.
-        May be a traced scalar; a traced c <= 0 gives NaN params.
+        May be a traced scalar; a traced c <= 0 gives NaN params. Or one value per junction (a
+        sequence or 1-D array in spec order): junction ``j`` is balanced to
+        ``||outgoing_j||_p = c[j] ||incoming_j||_p`` (e.g. c = 1 at the classifier's junction
+        only; the authors' code leaves that junction out, Sec. 3.7).
       cycles: number of cycles, an integer >= 0 (or an integer scalar array, also traced).
       return_scales: also return the accumulated scale of each junction over all cycles.
       count_biases: count producer biases in ``L_j`` (they are rescaled either way).
@@ -432,17 +460,18 @@ def enorm_balance(
 
     Raises:
       ValueError, naming the argument: p not a positive number or 'inf'; c not a finite real > 0
-        (where its value is known); cycles not an integer >= 0; non-bool flags; a spec whose paths
-        or axes do not exist, whose entries disagree on the number of units, or that names an
-        integer-dtype leaf (integer params are never rescaled: truncation would change the
-        function); with ``spec=None``, a tree that is not a chain or an ambiguous layer order.
+        (where its value is known) or a per-junction c not of the spec's length; cycles not an
+        integer >= 0; non-bool flags; a spec whose paths or axes do not exist, whose entries
+        disagree on the number of units, or that names an integer-dtype leaf (integer params are
+        never rescaled: truncation would change the function); with ``spec=None``, a tree that is
+        not a chain or an ambiguous layer order.
 
     References:
       Stock et al. 2019, Alg. 1, Sec. 3.3 Eq. 5, Sec. 3.5 Eqs. 6-8, Sec. 3.7 Eqs. 11-12, Sec. 4.
     """
     what = "enorm_balance"
     p = check_p(p, what)
-    check_c(c, what)
+    check_c(c, what, per_junction=True)
     check_cycles(cycles, what)
     _check_bool(return_scales, "return_scales", what)
     _check_bool(count_biases, "count_biases", what)
@@ -453,6 +482,7 @@ def enorm_balance(
     if spec is None:
         spec = chain(inner)
     plans = plan_spec(inner, spec, what)
+    c = junction_c(c, len(plans), what)
     leaves, treedef, _ = flatten_params(inner)
     leaves = [jnp.asarray(x) for x in leaves]
     run = _compiled(plans, p, count_biases, _exact_flags(leaves, plans, power_of_two), max_scale)

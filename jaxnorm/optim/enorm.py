@@ -55,7 +55,7 @@ def enorm(
     spec: Sequence[Junction] | None = None,
     *,
     p: float | str = 2,
-    c: float = 1.0,
+    c: float | Sequence[float] = 1.0,
     cycles: int = 1,
     every: int = 1,
     count_biases: bool = False,
@@ -73,7 +73,8 @@ def enorm(
       inner: the optimizer, e.g. ``optax.sgd(0.1, momentum=0.9)``, ``optax.adam(1e-3)``,
         ``optax.adamw``, a ``optax.chain`` of them, ``optax.inject_hyperparams(...)``.
       spec: junctions (see :func:`jaxnorm.enorm.discover`); ``None`` infers a chain.
-      p, c, cycles, count_biases: as in :func:`jaxnorm.enorm.enorm_balance`.
+      p, c, cycles, count_biases: as in :func:`jaxnorm.enorm.enorm_balance` (``c``: one number,
+        or one per junction of the spec, in spec order).
       every: balance after every ``every``-th update (>= 1).
       max_scale: the largest factor by which one update rescales a junction
         (:data:`MAX_STEP_SCALE` = 16: a weight entry, producer of one junction and consumer of
@@ -111,7 +112,7 @@ def enorm(
     check_inner(inner, "enorm")
     check_steps(every, "every", "enorm")
     check_cycles(cycles, "enorm")
-    check_c(c, "enorm")
+    check_c(c, "enorm", per_junction=True)
     p = check_p(p, "enorm")
     max_scale = check_max_scale(max_scale, "enorm")
     if not isinstance(count_biases, bool | np.bool_):

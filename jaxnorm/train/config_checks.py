@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 MODEL_KWARGS = "model.kwargs"
 """Where a run's model options live; ``--config.model.<option>`` is a shorthand for it."""
 
@@ -236,3 +238,53 @@ def check_run_length(config: Mapping[str, Any]) -> int | None:
             f"config.optimizer.warmup_steps={warmup} must be in [0, {steps}) (the run has {steps} steps)"
         )
     return steps
+
+
+def check_init_examples(count: Any, limit: int | None = None) -> None:
+    """Raises ``ValueError`` naming ``config.init_examples`` unless it is an int >= 1 (and at most
+    ``limit``, the examples of one epoch, where known)."""
+    ok = not isinstance(count, bool) and isinstance(count, int | np.integer) and count >= 1
+    if not ok or (limit is not None and count > limit):
+        bound = f"[1, {limit}] (the examples of one epoch)" if limit is not None else ">= 1"
+        raise ValueError(f"config.init_examples must be an int in {bound}, got {count!r}")
+
+
+def check_hooks(config: Mapping[str, Any]) -> None:
+    """Checks the loop's hooks before any data is read, each error naming its key:
+    ``init_examples`` (an int >= 1, at most the train split's size), ``implicit_enorm`` (its keys
+    and values; not combined with optimizer wrappers, which would rescale or project the params
+    under the log-scales, nor with weight decay on ``all`` params, which would decay them), and the
+    ``enorm`` wrapper's ``c`` and ``start``."""
+    from jaxnorm.train.optimizers import check_enorm_c
+    from jaxnorm.train.params_hooks import check_implicit_enorm, implicit_enorm_enabled
+
+    limit = None
+    if "dataset" in config:
+        limit = split_size(config.dataset.name, config.dataset.train_split)
+    check_init_examples(config.get("init_examples", 1), limit)
+    block = config.get("implicit_enorm", None)
+    check_implicit_enorm(block)
+    optimizer = config.get("optimizer", {}) or {}
+    wrappers = tuple(optimizer.get("wrappers", ()) or ())
+    if implicit_enorm_enabled(block):
+        if wrappers:
+            raise ValueError(
+                f"config.implicit_enorm.weight > 0 with config.optimizer.wrappers={wrappers}: implicit "
+                "ENorm trains its log-scales by gradient; use it without optimizer wrappers"
+            )
+        if (
+            float(optimizer.get("weight_decay", 0.0) or 0.0) > 0
+            and optimizer.get("weight_decay_mask") == "all"
+        ):
+            raise ValueError(
+                "config.optimizer.weight_decay_mask='all' with config.implicit_enorm.weight > 0 would decay "
+                "the log-scales too; use 'kernels' (or weight_decay=0: the penalty is the decay)"
+            )
+    if "enorm" in wrappers:
+        kwargs = dict((dict(optimizer.get("wrapper_kwargs", {}) or {})).get("enorm", {}) or {})
+        check_enorm_c(kwargs.get("c", 1.0))
+        start = kwargs.get("start", 0)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(
+                f"config.optimizer.wrapper_kwargs.enorm.start must be an int >= 0, got {start!r}"
+            )

@@ -181,7 +181,8 @@ def build_data(config: Mapping[str, Any]):
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks everything about a run config that needs no data, with one-line messages naming the
     key: precision, parallelism, dataset name, augmentation and availability, model name and options,
-    batch sizes against the device and process counts, run length against ``warmup_steps``, and the
+    batch sizes against the device and process counts, run length against ``warmup_steps``, the
+    loop's hooks (``init_examples``, ``implicit_enorm``, the ``enorm`` wrapper's ``c``), and the
     optimizer. The experiment runner calls it for every run of a sweep before any of them trains
     (whether the dataset is prepared: :func:`jaxnorm.data.check_prepared`, which the command line
     runs first)."""
@@ -202,6 +203,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     config_checks.check_model_options(config)
     config_checks.check_batch_sizes(config, parallel.num_devices, jax.process_count())
     steps = config_checks.check_run_length(config)
+    config_checks.check_hooks(config)
     build_model(config, data.info(ds.name).num_classes, parallel)
     make_optimizer(config.optimizer, steps or 10**9, checking=True)  # 10**9: length known once read
 

@@ -13,7 +13,10 @@ Config keys read here (defaults in :func:`default_config`): ``seed``, ``num_step
 ``num_epochs``), ``optimizer``, ``precision``, ``parallel``, ``log_every``, ``eval_every`` (0: end of
 each epoch), ``checkpoint_every``, ``max_to_keep``, ``weight_norms``, ``log_grad_norm``,
 ``log_angular_update`` (``angle/<layer>`` per step and, for SGD / momentum / AdamW with weight decay,
-the rotational-equilibrium prediction ``angle_eq``), ``init_examples``, ``progress``, ``tensorboard``,
+the rotational-equilibrium prediction ``angle_eq``), ``init_examples`` (the first training images
+``model.init`` sees: a data-dependent init gets a real batch, more than one batch if asked),
+``implicit_enorm`` (``weight`` > 0: train implicit ENorm's log-scales under its penalty,
+:mod:`jaxnorm.train.params_hooks`), ``progress``, ``tensorboard``,
 ``plots``, ``on_existing`` (what to do with a workdir that holds a run: ``resume`` | ``extend`` |
 ``restart`` | ``error``, see :mod:`jaxnorm.train.run_record`).
 """
@@ -31,6 +34,7 @@ import numpy as np
 
 from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
+from jaxnorm.train.config_checks import check_init_examples
 from jaxnorm.train.data import BatchSource
 from jaxnorm.train.metrics import (
     MetricsWriter,
@@ -51,7 +55,7 @@ from jaxnorm.train.run_record import (
     read_json,
     write_json,
 )
-from jaxnorm.train.setup import batch_stats_transport, build_optimizer, with_enorm_spec
+from jaxnorm.train.setup import batch_stats_transport, build_optimizer, params_hook_for, with_enorm_spec
 from jaxnorm.train.sharding import DataParallel
 from jaxnorm.train.state import TrainState, create_train_state
 from jaxnorm.train.step import make_eval_step, make_train_step
@@ -104,6 +108,7 @@ def default_config() -> ml_collections.ConfigDict:
             "plots": True,
             "on_existing": "resume",
             "init_examples": 1,
+            "implicit_enorm": {"weight": 0.0, "lr_factor": 1.0},
             "optimizer": {
                 "name": "momentum",
                 "learning_rate": 0.1,
@@ -190,6 +195,7 @@ def train(
     steps = total_steps(cfg, train_data.steps_per_epoch)
     plan = _open_workdir(workdir, cfg, steps, primary) if workdir is not None else None
     images = _first_images(train_data)
+    hook = params_hook_for(cfg, model, images[:1])
     tx, schedule = build_optimizer(
         cfg.optimizer,
         model=model,
@@ -199,12 +205,13 @@ def train(
         invariance_model=invariance_model,
         workdir=workdir,
     )
+    init_images = _init_images(train_data, images, cfg.init_examples)
     state = parallel.init_state(
         lambda: create_train_state(
-            model.init,
+            model.init if hook is None else hook.wrap_init(model.init),
             tx,
             jax.random.PRNGKey(cfg.seed),
-            _init_images(images, cfg.init_examples),
+            init_images,
             loss_scale=initial_loss_scale(cfg.precision),
         )
     )
@@ -230,7 +237,7 @@ def train(
         axis_name=parallel.axis_name,
         invariance_model=invariance_model,
     )
-    run_steps = _make_steps(model, tx, schedule, cfg, parallel, transport)
+    run_steps = _make_steps(model, tx, schedule, cfg, parallel, transport, hook)
     result = _loop(cfg, parallel, run_steps, state, train_data, eval_data, workdir, ckpt, start, steps)
     if workdir is not None and primary:
         _write_outputs(workdir, cfg, result)
@@ -273,20 +280,31 @@ def _first_images(source: BatchSource) -> np.ndarray:
     return images
 
 
-def _init_images(images: np.ndarray, count: Any) -> np.ndarray:
-    """The first ``count`` images of the first batch: what ``model.init`` sees (data-dependent
-    initialisations such as weight norm's, Salimans & Kingma 2016 Sec. 2.2, use them). More than one
-    needs a single process: each process's first batch differs, and so would its initial params."""
-    if isinstance(count, bool) or not isinstance(count, int | np.integer) or not 1 <= count <= len(images):
-        raise ValueError(
-            f"config.init_examples must be an int in [1, {len(images)}] (this process's batch), got {count!r}"
-        )
+def _init_images(source: BatchSource, images: np.ndarray, count: Any) -> np.ndarray:
+    """The first ``count`` training images: what ``model.init`` sees (data-dependent
+    initialisations such as weight norm's, Salimans & Kingma 2016 Sec. 2.2, use them); more than
+    one batch holds are read from the first batches of the first epoch. More than one image needs a
+    single process: each process's batches differ, and so would its initial params."""
+    limit = source.steps_per_epoch * len(images)
+    check_init_examples(count, limit)
     if count > 1 and jax.process_count() > 1:
         raise ValueError(
             f"config.init_examples={count} with {jax.process_count()} processes: each process would init "
             "on its own examples and the initial params would differ; use 1 (data-independent init)"
         )
-    return images[: int(count)]
+    count = int(count)
+    if count <= len(images):
+        return images[:count]
+    parts, have = [], 0
+    first_epoch = source.epoch(0)
+    for batch in first_epoch:
+        parts.append(batch["image"])
+        have += len(batch["image"])
+        if have >= count:
+            break
+    if hasattr(first_epoch, "close"):  # stop a prefetching pipeline's worker
+        first_epoch.close()
+    return np.concatenate(parts)[:count]
 
 
 def _recorded_result(workdir: str, host_state: TrainState, steps: int, report) -> RunResult:
@@ -307,7 +325,13 @@ class _Steps(NamedTuple):
 
 
 def _make_steps(
-    model, tx, schedule, cfg: ml_collections.ConfigDict, parallel: DataParallel, stats_transport=None
+    model,
+    tx,
+    schedule,
+    cfg: ml_collections.ConfigDict,
+    parallel: DataParallel,
+    stats_transport=None,
+    params_hook=None,
 ) -> _Steps:
     """The compiled train and eval steps."""
     train_step = make_train_step(
@@ -320,8 +344,11 @@ def _make_steps(
         grad_norm=cfg.log_grad_norm,
         stats_transport=stats_transport,
         angular_update=cfg.log_angular_update,
+        params_hook=params_hook,
     )
-    eval_step = make_eval_step(model.apply, precision=cfg.precision, axis_name=parallel.axis_name)
+    eval_step = make_eval_step(
+        model.apply, precision=cfg.precision, axis_name=parallel.axis_name, params_hook=params_hook
+    )
     return _Steps(parallel.compile_train_step(train_step), parallel.compile_eval_step(eval_step))
 
 
@@ -451,8 +478,9 @@ def _summary(history: list[dict[str, Any]], steps_per_epoch: int) -> dict[str, A
     summary: dict[str, Any] = {"steps": float(train[-1]["step"]) if train else 0.0}
     if train:
         last = train[-min(steps_per_epoch, max(1, len(train) // 2)) :]
-        summary["train_loss"] = float(np.mean([r["loss"] for r in last]))
-        summary["train_accuracy"] = float(np.mean([r["accuracy"] for r in last]))
+        # float(): a non-finite value is recorded as its string ("nan", "inf"; metrics._jsonable)
+        summary["train_loss"] = float(np.mean([float(r["loss"]) for r in last]))
+        summary["train_accuracy"] = float(np.mean([float(r["accuracy"]) for r in last]))
     if evals:
         summary["eval_loss"] = evals[-1]["loss"]
         summary["eval_accuracy"] = evals[-1]["accuracy"]

@@ -20,10 +20,11 @@ the ENorm paper train with SGD + L2) for every optimizer except ``adamw``, where
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
@@ -192,9 +193,83 @@ def _bwn(tx, context, *, rho: Any = None, mask: str = "kernels"):
     return optax.chain(tx, optim.bwn_projection(mask=_mask(mask, context, "bwn"), rho=rho))
 
 
-def _enorm(tx, context, **kwargs):
-    del context
-    return optim.enorm(tx, **kwargs)
+ENORM_C_KEYS = ("hidden", "last")
+"""Keys of a mapping ``c`` of the ``enorm`` wrapper: the hidden junctions (every junction but the
+last, in spec order) and the last one (the units the classifier reads)."""
+
+
+def check_enorm_c(c: Any) -> None:
+    """Raises ``ValueError`` naming ``optimizer.wrapper_kwargs.enorm.c`` unless ``c`` is a number
+    > 0, a sequence of them (one per junction), or a mapping ``{"hidden": c_h, "last": c_l}``
+    (either key may be left out: 1.0) whose ``"last"`` may be ``None`` (that junction is not
+    balanced, as in the authors' code, facebookresearch/enorm ``ENorm._step_fc``)."""
+    what = "optimizer.wrapper_kwargs.enorm.c"
+    from jaxnorm.enorm.balance import check_c
+
+    if isinstance(c, Mapping) or hasattr(c, "unlocked"):
+        unknown = [k for k in c if k not in ENORM_C_KEYS]
+        if unknown or not c:
+            raise ValueError(f"{what}: a mapping c takes the keys {ENORM_C_KEYS}, got {sorted(c)}")
+        for key, value in c.items():
+            if value is None and key == "last":
+                continue
+            check_c(value, f"{what}.{key}")
+        return
+    check_c(tuple(c) if isinstance(c, list) else c, what, per_junction=True)
+
+
+def resolve_enorm_c(c: Any, spec: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+    """``(c, spec)`` for :func:`jaxnorm.optim.enorm`: a mapping ``c`` expanded to one value per
+    junction of ``spec`` (``"hidden"`` for all but the last, ``"last"`` for the last; a missing key
+    means 1.0), the last junction dropped from the spec where ``"last"`` is ``None``; any other
+    ``c`` returned as it is."""
+    check_enorm_c(c)
+    spec = tuple(spec)
+    if not (isinstance(c, Mapping) or hasattr(c, "unlocked")):
+        return c, spec
+    hidden, last = float(c.get("hidden", 1.0)), c.get("last", 1.0)
+    if last is None:
+        return tuple([hidden] * (len(spec) - 1)), spec[:-1]
+    return tuple([hidden] * (len(spec) - 1) + [float(last)]), spec
+
+
+def _enorm(tx, context, *, c: Any = 1.0, start: int = 0, spec: Any = None, **kwargs):
+    check_enorm_c(c)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"optimizer.wrapper_kwargs.enorm.start must be an int >= 0, got {start!r}")
+    if isinstance(c, Mapping) or hasattr(c, "unlocked"):
+        if spec is None:
+            if context.checking:
+                return tx
+            raise ValueError(
+                "optimizer.wrapper_kwargs.enorm.c: a mapping c needs the network's junctions: train "
+                "through jaxnorm.train.train (it resolves them), or pass wrapper_kwargs.enorm.spec"
+            )
+        c, spec = resolve_enorm_c(c, spec)
+    if isinstance(c, list):
+        c = tuple(c)
+    balanced = optim.enorm(tx, spec, c=c, **kwargs)
+    return balanced if start == 0 else _delayed(balanced, tx, start)
+
+
+def _delayed(balanced: optax.GradientTransformation, inner: optax.GradientTransformation, start: int):
+    """``balanced`` (an :func:`jaxnorm.optim.enorm` wrapper of ``inner``) that only plays ``inner``
+    for its first ``start`` updates: balancing starts at update ``start + 1`` (its state, an
+    :class:`jaxnorm.optim.EnormState`, counts every update)."""
+
+    def update_fn(updates, state, params=None, **extra):
+        def plain():
+            new, inner_state = inner.update(updates, state.inner_state, params)
+            return new, optim.EnormState(optax.safe_int32_increment(state.count), inner_state)
+
+        def enorm():
+            return balanced.update(updates, state, params)
+
+        shapes = jax.eval_shape(enorm)
+        cast = lambda out: jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype), out, shapes)
+        return jax.lax.cond(state.count >= start, lambda: cast(enorm()), lambda: cast(plain()))
+
+    return optax.GradientTransformation(balanced.init, update_fn)
 
 
 def _record_norms(tx, context, *, every: int = 1, mask: str = "scale_invariant"):
@@ -273,7 +348,10 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 * ``wrs``: weight rescaling every ``tau`` updates, after the optimizer, its state left alone (Liu et
   al. Sec. 5); ``wrs_state``: the same wrapping the optimizer, whose state is rescaled with the weights.
 * ``bwn``: bounded-weight-norm projection (Norm matters Sec. 4); ``enorm``: ENorm cycles (Stock et
-  al. Alg. 2), kwargs of :func:`jaxnorm.optim.enorm`.
+  al. Alg. 2), kwargs of :func:`jaxnorm.optim.enorm`; its ``c`` may also be one value per junction or
+  ``{"hidden": c_h, "last": c_l}`` (``c_l = None``: the classifier's junction is not balanced, as in
+  the authors' code; see :func:`resolve_enorm_c`), and ``start`` delays balancing by that many
+  updates.
 * ``record_norms``: record the unit norms (the reference of ``wd_mimicry``; the loop saves them to
   ``recorded_norms.npz``); ``wd_mimicry``: scale each unit's step by ``||w||^2 / ||w_ref||^2``,
   ``reference`` = that file, its run directory or a sibling run's name (Norm matters Sec. 2).

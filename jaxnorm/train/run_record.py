@@ -68,6 +68,8 @@ ADDED_DEFAULTS: dict[str, Any] = {
     # recorded before computed without it; resuming them continues with it.
     "optimizer.transport_batch_stats": True,
     "init_examples": 1,  # model.init's examples of the first batch (added 2026-11-24)
+    "implicit_enorm.weight": 0.0,  # the implicit-ENorm params hook, off (added with issue 17)
+    "implicit_enorm.lr_factor": 1.0,
 }
 # What a restart discards.
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", SUMMARY_FILE, "recorded_norms.npz")

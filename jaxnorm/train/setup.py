@@ -4,7 +4,8 @@ Some optimizer wrappers need more than the config: ``enorm`` a spec of the netwo
 symmetries (traced with :func:`jaxnorm.enorm.discover` when the params are not a plain chain), the
 Norm-matters wrappers masked ``"scale_invariant"`` the model's scale-invariant kernels (traced on a
 batch), and ``wd_mimicry`` the norms a reference run recorded. :func:`build_optimizer` resolves them
-and calls :func:`jaxnorm.train.optimizers.make_optimizer`. :func:`batch_stats_transport` gives the step
+and calls :func:`jaxnorm.train.optimizers.make_optimizer`. :func:`params_hook_for` builds the
+run's params hook (implicit ENorm) on the model's junctions. :func:`batch_stats_transport` gives the step
 the map that moves BatchNorm running statistics with the kernels a rescaling wrapper divides.
 """
 
@@ -18,6 +19,12 @@ import optax
 
 from jaxnorm.train.norm_records import load_recorded_norms, resolve_reference
 from jaxnorm.train.optimizers import make_optimizer, needs_scale_invariant_mask
+from jaxnorm.train.params_hooks import (
+    ParamsHook,
+    check_implicit_enorm,
+    implicit_enorm_enabled,
+    implicit_enorm_hook,
+)
 
 PyTree = Any
 
@@ -61,7 +68,9 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
     Without a spec, :func:`jaxnorm.optim.enorm` reads the params as a plain Dense / Conv chain
     (:func:`jaxnorm.enorm.chain`); networks that are not one (a BatchNorm after the classifier,
     residual blocks) get their junctions from :func:`jaxnorm.enorm.discover`, traced in inference
-    mode on ``sample``. Chains and explicit specs are left as they are.
+    mode on ``sample``. Chains and explicit specs are left as they are, except that a chain is
+    written out when ``c`` is a ``{"hidden": ..., "last": ...}`` mapping (the wrapper expands it
+    over the junctions, :func:`jaxnorm.train.optimizers.resolve_enorm_c`).
     """
     wrapper_kwargs = dict(optimizer.get("wrapper_kwargs", {}) or {})
     enorm_kwargs = dict(wrapper_kwargs.get("enorm", {}) or {})
@@ -69,18 +78,43 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
         return optimizer
     from jaxnorm.enorm import chain, discover
 
+    c = enorm_kwargs.get("c", 1.0)
+    per_part = isinstance(c, Mapping) or hasattr(c, "unlocked")  # {"hidden": ..., "last": ...}
     variables = model.init(jax.random.PRNGKey(0), sample, train=False)
     try:
-        chain(variables["params"])
-        return optimizer
+        spec = chain(variables["params"])
+        if not per_part:
+            return optimizer
     except ValueError:
-        pass
-    enorm_kwargs["spec"] = discover(
-        lambda params, x: model.apply({**variables, "params": params}, x, train=False),
-        variables["params"],
-        sample,
-    )
+        spec = discover(
+            lambda params, x: model.apply({**variables, "params": params}, x, train=False),
+            variables["params"],
+            sample,
+        )
+    enorm_kwargs["spec"] = spec
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
+
+
+def params_hook_for(config: Mapping[str, Any], model: Any, sample: jax.Array) -> ParamsHook | None:
+    """The :class:`jaxnorm.train.params_hooks.ParamsHook` the run ``config`` asks for, or ``None``:
+    implicit ENorm (``config.implicit_enorm.weight > 0``) over the model's junctions (a chain, or
+    :func:`jaxnorm.enorm.discover` traced in inference mode on ``sample``)."""
+    block = config.get("implicit_enorm", None)
+    check_implicit_enorm(block)
+    if not implicit_enorm_enabled(block):
+        return None
+    from jaxnorm.enorm import chain, discover
+
+    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
+    try:
+        spec = chain(variables["params"])
+    except ValueError:
+        spec = discover(
+            lambda params, x: model.apply({**variables, "params": params}, x, train=False),
+            variables["params"],
+            sample,
+        )
+    return implicit_enorm_hook(dict(block), spec)
 
 
 def scale_invariant_mask_for(

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.train.metrics import layer_angular_updates
+from jaxnorm.train.params_hooks import ParamsHook
 from jaxnorm.train.precision import adjust_loss_scale, all_finite, cast_floating, compute_dtype
 from jaxnorm.train.state import TrainState
 
@@ -64,6 +65,7 @@ def make_train_step(
     grad_norm: bool = False,
     stats_transport: Callable[[PyTree, PyTree], PyTree] | None = None,
     angular_update: bool = False,
+    params_hook: ParamsHook | None = None,
 ) -> StepFn:
     """Returns ``train_step(state, batch) -> (new_state, metrics)``.
 
@@ -84,32 +86,41 @@ def make_train_step(
         batch_stats_transport`: BN statistics follow the kernels a rescaling wrapper divided).
       angular_update: also report ``angle/<layer>``, the mean angle (radians) the units of every
         kernel turned in this update (:func:`jaxnorm.train.metrics.layer_angular_updates`).
+      params_hook: a :class:`jaxnorm.train.params_hooks.ParamsHook`: the model is applied with
+        ``effective(params)``, ``penalty(params)`` is added to the loss that is differentiated, and
+        the gradient goes through ``scale_grads`` before the optimizer (e.g. implicit ENorm).
 
-    Metrics: ``loss``, ``accuracy``, ``lr`` (with ``schedule``), ``grad_norm`` (if asked; of the
-    unscaled gradient), ``loss_scale`` (float16 only).
+    Metrics: ``loss`` (the cross-entropy; without the hook's penalty), ``accuracy``, ``lr`` (with
+    ``schedule``), ``grad_norm`` (if asked; of the unscaled gradient), ``loss_scale`` (float16 only),
+    ``penalty`` (with ``params_hook``).
     """
     dtype = compute_dtype(precision)
     scaled = precision == "float16"
 
     def loss_fn(params, model_state, batch, rng, scale):
-        variables = _compute_variables(params, model_state, dtype)
+        seen = params if params_hook is None else params_hook.effective(params)
+        variables = _compute_variables(seen, model_state, dtype)
         images = batch["image"]
         if dtype != jnp.float32:
             images = images.astype(dtype)
         logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
         loss = cross_entropy(logits, batch["label"]).mean()
         accuracy = (jnp.argmax(logits, -1) == batch["label"]).mean()
-        return (loss * scale if scaled else loss), (loss, accuracy, new_model_state)
+        penalty = jnp.zeros((), jnp.float32) if params_hook is None else params_hook.penalty(params)
+        total = loss + penalty
+        return (total * scale if scaled else total), (loss, accuracy, new_model_state, penalty)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         rng = jax.random.fold_in(state.rng, state.step)
         if axis_name is not None:
             rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
         grad_fn = jax.grad(loss_fn, has_aux=True)
-        grads, (loss, accuracy, new_model_state) = grad_fn(
+        grads, (loss, accuracy, new_model_state, penalty) = grad_fn(
             state.params, state.model_state, batch, rng, state.loss_scale.scale
         )
         grads = _pmean(grads, axis_name)
+        if params_hook is not None:
+            grads = params_hook.scale_grads(grads)
         new_model_state = _pmean(new_model_state, axis_name)
         # BN statistics are kept in the dtype they were created in (float32).
         new_model_state = (
@@ -137,6 +148,8 @@ def make_train_step(
             new_model_state = keep(new_model_state, state.model_state)
             loss_scale = adjust_loss_scale(loss_scale, finite)
         metrics = {"loss": loss, "accuracy": accuracy}
+        if params_hook is not None:
+            metrics["penalty"] = penalty
         if grad_norm:
             metrics["grad_norm"] = optax.tree.norm(grads)
         if angular_update:
@@ -160,9 +173,14 @@ def make_train_step(
 
 
 def make_eval_step(
-    apply_fn: Callable[..., Any], *, precision: str = "float32", axis_name: str | None = None
+    apply_fn: Callable[..., Any],
+    *,
+    precision: str = "float32",
+    axis_name: str | None = None,
+    params_hook: ParamsHook | None = None,
 ) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
-    """Returns ``eval_step(state, batch) -> sums`` using the running statistics (``train=False``).
+    """Returns ``eval_step(state, batch) -> sums`` using the running statistics (``train=False``);
+    with ``params_hook`` the model is applied with ``params_hook.effective(state.params)``.
 
     ``batch`` may carry a float ``mask`` (1 = real example, 0 = padding). The result holds sums
     (``loss_sum``, ``correct``, ``count``) so that batches combine exactly; under pmap they are psummed.
@@ -170,7 +188,8 @@ def make_eval_step(
     dtype = compute_dtype(precision)
 
     def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
-        variables = _compute_variables(state.params, state.model_state, dtype)
+        params = state.params if params_hook is None else params_hook.effective(state.params)
+        variables = _compute_variables(params, state.model_state, dtype)
         images = batch["image"]
         if dtype != jnp.float32:
             images = images.astype(dtype)

@@ -1,0 +1,216 @@
+"""What the experiment scripts share: config modules, overrides, one run over the loop, tables, plots.
+
+A reproduction config is an ordinary experiment config (``get_config()``, runnable with ``python -m
+experiments <name>``) that also defines ``VARIANTS`` (``{variant name: {dotted config key: value}}``)
+and ``SEEDS``, and optionally ``ANALYSIS``: the name of an analysis in
+:data:`experiments.scripts.analyses.ANALYSES`, run on every finished run (its numbers go into the
+run's record under ``"analysis"``) and, where it has one, its own table and figure over all runs.
+``grid.py`` (in memory) and ``resume_grid.py`` (checkpointed, one JSON line per run) both run
+variants with :func:`run_one`.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from experiments.__main__ import resolve
+from jaxnorm.train import experiment
+from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
+
+
+def load_module(name: str):
+    """The config module ``name`` (a config name or a path); it must define ``VARIANTS``."""
+    path = resolve(name)
+    spec = importlib.util.spec_from_file_location(f"grid_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "VARIANTS"):
+        raise ValueError(f"config {name!r} defines no VARIANTS; grid.py needs {{name: overrides}}")
+    return module
+
+
+def apply_sets(config, items) -> None:
+    """Apply ``--set key=value`` items to ``config``; values are Python literals where they parse."""
+    for item in items:
+        key, value = item.split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        set_dotted(config, key, value)
+
+
+def set_dotted(config, key: str, value: Any) -> None:
+    """``config.<key> = value`` for a dotted ``key``; unknown fields raise ``ValueError``."""
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        if part not in node:
+            raise ValueError(f"config has no field {key!r}")
+        node = node[part]
+    with node.unlocked():
+        node[leaf] = value
+
+
+def kernel_l2(params) -> float:
+    """The l2 norm of all kernels (leaves with ``ndim >= 2``) taken together."""
+    leaves = [x for x in jax.tree_util.tree_leaves(params) if np.ndim(x) >= 2]
+    return float(jnp.sqrt(sum(jnp.sum(jnp.asarray(x, jnp.float32) ** 2) for x in leaves)))
+
+
+def hidden_norm_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """``[(step, mean unit norm)]``: the logged ``wnorm/<kernel>`` averaged over the hidden kernels
+    (the classifier ``head`` excluded), at every logged training step."""
+    curve = []
+    for r in history:
+        keys = [k for k in r if k.startswith("wnorm/") and not k.startswith("wnorm/head")]
+        if r["split"] == "train" and keys:
+            curve.append((int(r["step"]), float(np.mean([r[k] for k in keys]))))
+    return curve
+
+
+def run_config(base, overrides: Mapping[str, Any], seed: int):
+    """The run config of one (variant, seed): the experiment defaults, ``base``, the variant's
+    ``overrides``, the seed; no progress bar, no per-run plots, no sweep."""
+    config = experiment.experiment_defaults()
+    config.update(copy.deepcopy(base))
+    for key, value in overrides.items():
+        set_dotted(config, key, value)
+    with config.unlocked():
+        config.seed = seed
+        config.progress = False
+        config.plots = False
+        config.sweep.key = ""
+    return config
+
+
+def run_one(
+    base,
+    overrides: Mapping[str, Any],
+    seed: int,
+    records: str | None = None,
+    name: str = "",
+    *,
+    workdir: str | None = None,
+    analysis: str = "",
+) -> dict[str, Any]:
+    """One run with the library's loop: its summary plus ``final_l2``, the test-accuracy ``curve``,
+    the hidden ``norms`` curve and, with ``analysis`` (a name in
+    :data:`experiments.scripts.analyses.ANALYSES`), that analysis's numbers under ``"analysis"``.
+
+    ``workdir``: ``None`` trains in memory without checkpoints (``grid.py``); a directory trains with
+    the config's checkpoints there, resuming a run it holds, and exits with
+    :data:`jaxnorm.train.experiment.PREEMPTED_EXIT_CODE` when the run is preempted
+    (``resume_grid.py``). ``records``: a directory for recorded unit norms (the ``record_norms``
+    wrapper), saved as ``<records>/<name>/recorded_norms.npz``; a ``wd_mimicry`` reference that names
+    a variant is read from there (run the reference variant first, with the same ``records``).
+    """
+    config = run_config(base, overrides, seed)
+    with config.unlocked():
+        if workdir is None:
+            config.checkpoint_every = 0
+        mimicry = config.optimizer.get("wrapper_kwargs", {}).get("wd_mimicry", {})
+        wrappers = tuple(config.optimizer.get("wrappers", ()))
+        if records and "wd_mimicry" in wrappers and not os.path.exists(mimicry.reference):
+            mimicry.reference = os.path.join(records, mimicry.reference)
+    experiment.validate(config)
+    result = experiment.run(config, workdir)
+    if workdir is not None and result.preempted:
+        raise SystemExit(experiment.PREEMPTED_EXIT_CODE)
+    norms = recorded_norms(result.state.opt_state)
+    if records and norms is not None:
+        save_recorded_norms(os.path.join(records, name), norms)
+    evals = [(r["step"], r["accuracy"]) for r in result.history if r["split"] == "eval"]
+    out = {
+        **result.summary,
+        "final_l2": kernel_l2(result.state.params),
+        "curve": evals,
+        "norms": hidden_norm_curve(result.history),
+    }
+    if analysis:
+        from experiments.scripts.analyses import get_analysis
+
+        out["analysis"] = get_analysis(analysis).analyze(config, result)
+    return out
+
+
+def fmt(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± std`` (std over seeds, ddof=0) of ``values * scale``."""
+    v = np.asarray(values, float) * scale
+    if not np.all(np.isfinite(v)):
+        return f"{np.nanmean(v):.{digits}f} ({int(np.sum(~np.isfinite(v)))} diverged)"
+    return f"{v.mean():.{digits}f} ± {v.std():.{digits}f}"
+
+
+def table(results: Mapping[str, list[dict[str, Any]]]) -> str:
+    """A Markdown table of the variants, mean ± std over seeds (accuracies in %)."""
+    rows = [
+        "| variant | seeds | test acc (%) | best test acc (%) | train loss | final kernel l2 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in results.items():
+        rows.append(
+            f"| {name} | {len(runs)} | {fmt([r['eval_accuracy'] for r in runs], 100)} | "
+            f"{fmt([r['best_eval_accuracy'] for r in runs], 100)} | "
+            f"{fmt([r['train_loss'] for r in runs], 1, 3)} | {fmt([r['final_l2'] for r in runs], 1, 1)} |"
+        )
+    return "\n".join(rows)
+
+
+def plot(results: Mapping[str, list[dict[str, Any]]], title: str, path: str) -> None:
+    """Left: mean test accuracy over training, one line per variant (band: min..max over seeds).
+    Right: mean per-unit l2 norm of the hidden kernels over training (first seed)."""
+    fig, (ax, ax_norm) = plt.subplots(1, 2, figsize=(12, 4))
+    for name, runs in results.items():
+        steps = np.array([s for s, _ in runs[0]["curve"]])
+        acc = np.array([[a for _, a in r["curve"]] for r in runs]) * 100
+        line = ax.plot(steps, acc.mean(0), marker=".", label=name)[0]
+        ax.fill_between(steps, acc.min(0), acc.max(0), color=line.get_color(), alpha=0.15)
+        if runs[0]["norms"]:
+            norm_steps, norms = zip(*runs[0]["norms"], strict=True)
+            ax_norm.plot(norm_steps, norms, color=line.get_color(), label=name)
+    ax.set(xlabel="step", ylabel="test accuracy (%)", title=title)
+    ax.legend(fontsize=7)
+    ax_norm.set(
+        xlabel="step",
+        ylabel="mean unit ||w|| (hidden kernels)",
+        yscale="log",
+        title="weight-norm dynamics (seed 0)",
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def report(module, results: Mapping[str, list[dict[str, Any]]], out: str, config_name: str) -> list[str]:
+    """The config's own analysis table and figure (``ANALYSIS``'s ``report`` / ``figure``), if any:
+    the printed lines (the figure written to ``<out>/<config_name>_analysis.png``)."""
+    name = getattr(module, "ANALYSIS", "")
+    if not name:
+        return []
+    from experiments.scripts.analyses import get_analysis
+
+    chosen = get_analysis(name)
+    lines = [chosen.report(results)] if chosen.report is not None else []
+    if chosen.figure is not None:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, f"{config_name}_analysis.png")
+        chosen.figure(results, path)
+        lines.append(f"wrote {path}")
+    return lines
