@@ -230,6 +230,23 @@ def test_steps_zero_and_degenerate_gradients_leave_params():
             np.testing.assert_array_equal(a, b)
 
 
+def test_overflowing_teleport_is_not_applied():
+    """Huge consumer weights and a gradient only on the producers: unbounded ascent shrinks the
+    units until the consumers overflow float32 while J stays finite; the teleport is refused."""
+    params, batch = _data(0, np.float32)
+    params["Dense_1"]["kernel"] = jnp.full((H, OUT), 1e30, jnp.float32)
+    grads = jax.tree.map(jnp.zeros_like, params)
+    grads["Dense_0"]["kernel"] = jnp.full((D, H), 1e-12, jnp.float32)
+    kw = {"steps": 3, "step_size": 25 / (2 * D * 1e-24), "grads": grads}  # u_1 = -25: s ~ 1e-11
+    new, scales = teleport(params, None, batch, max_scale=None, **kw)
+    np.testing.assert_array_equal(scales[0], np.ones(H))
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    new, scales = teleport(params, None, batch, **kw)  # within the default box it moves
+    np.testing.assert_allclose(scales[0], np.full(H, 1 / 16), rtol=1e-6)
+    assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(new))
+
+
 def test_jit_equals_eager():
     params, batch = _data(5, np.float32)
     eager = teleport(params, loss_fn, batch, steps=4)

@@ -31,7 +31,8 @@ Numerics: ``u``, ``J`` and the scales are computed in float32 or the params' wid
 with a leaf narrower than float32 (bfloat16, float16) evaluate ``J`` and rescale at the nearest
 power of two (``2^round(u / log 2)``, the gradient of ``J`` there moves ``u``), so that their
 rescaling is exact and the loss does not move by rounding, as :func:`jaxnorm.enorm.enorm_balance`
-does; a non-finite ``J`` or gradient is never stepped to or returned.
+does; a non-finite ``J`` or gradient is never stepped to or returned, and a teleport that would
+overflow a params entry (possible only with ``max_scale=None``) is not applied.
 
 References:
   Zhao, Dehmamy, Walters, Yu. Symmetry teleportation for accelerated optimization. NeurIPS 2022.
@@ -352,6 +353,13 @@ def teleport(
         w if m is None else (w.astype(compute_dtype(w)) * m).astype(w.dtype)
         for w, m in zip(leaves, factors, strict=True)
     ]
+    # an entry the rescaling would overflow (possible with max_scale=None): no teleport at all
+    fits = jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(v) | ~jnp.isfinite(w)) for w, v in zip(leaves, moved, strict=True)])
+    )
+    moved = [jnp.where(fits, v, w) for w, v in zip(leaves, moved, strict=True)]
+    scales = tuple(jnp.where(fits, x, jnp.ones_like(x)) for x in scales)
+    after = jnp.where(fits, after, before)
     result = rebuild(jax.tree_util.tree_unflatten(treedef, moved))
     if return_objective:
         return result, scales, (before, after)
