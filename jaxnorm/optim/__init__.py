@@ -1,4 +1,5 @@
-"""optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm."""
+"""optax transformations that control weight norms: WRS, BWN, norm schedules, ENorm,
+symmetry teleportation."""
 
 from jaxnorm.optim.enorm import MAX_STEP_SCALE as MAX_STEP_SCALE
 from jaxnorm.optim.enorm import EnormState as EnormState
@@ -34,3 +35,5 @@ from jaxnorm.optim.sphere import SphereProjectionState as SphereProjectionState
 from jaxnorm.optim.sphere import sphere_projection as sphere_projection
 from jaxnorm.optim.state import register_state_rule as register_state_rule
 from jaxnorm.optim.state import rescale_state as rescale_state
+from jaxnorm.optim.teleportation import TeleportationState as TeleportationState
+from jaxnorm.optim.teleportation import teleportation as teleportation
