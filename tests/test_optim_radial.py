@@ -74,7 +74,19 @@ def _oracle_projection(w, g, u, delta, eps, mask):
 
 
 def oracle(
-    kind, steps, lr, wd, nesterov, mask=None, momentum=0.9, b1=0.9, b2=0.999, eps=1e-8, delta=0.1, ratio=0.1
+    kind,
+    steps,
+    lr,
+    wd,
+    nesterov,
+    mask=None,
+    momentum=0.9,
+    b1=0.9,
+    b2=0.999,
+    eps=1e-8,
+    delta=0.1,
+    ratio=0.1,
+    decay=None,
 ):
     params = {k: v.astype(np.float64) for k, v in PARAMS.items()}
     m = {k: np.zeros_like(v) for k, v in params.items()}
@@ -97,7 +109,8 @@ def oracle(
             leaf_mask = None if mask is None else mask[k]
             perturb, projected = _oracle_projection(params[k], g, perturb, delta, eps, leaf_mask)
             r = ratio if projected else 1.0
-            params[k] = params[k] * (1 - lr * wd * r * factor) - step_size * perturb
+            leaf_wd = wd if decay is None or decay[k] else 0.0
+            params[k] = params[k] * (1 - lr * leaf_wd * r * factor) - step_size * perturb
     return params
 
 
@@ -131,6 +144,35 @@ def test_matches_float64_reimplementation_of_the_authors_algorithm(kind, mask, n
     # 'a' gets scale-invariant gradients: projected per unit; 'bias' (rank 1) never.
     assert int(state.projected["a"]) == OPT.PROJECTED_UNITS
     assert int(state.projected["bias"]) == OPT.NOT_PROJECTED
+
+
+@pytest.mark.parametrize("callable_mask", [False, True])
+@pytest.mark.parametrize("kind", ["adamp", "sgdp"])
+def test_decay_mask_limits_weight_decay_to_its_leaves(kind, callable_mask):
+    decay = {"a": True, "b": False, "bias": True}
+    decay_mask = (lambda params: decay) if callable_mask else decay
+    lr, wd = (1e-2, 0.5) if kind == "adamp" else (0.05, 0.05)
+    if kind == "adamp":
+        tx = OPT.adamp(lr, weight_decay=wd, decay_mask=decay_mask)
+    else:
+        tx = OPT.sgdp(lr, momentum=0.9, weight_decay=wd, decay_mask=decay_mask)
+    got, _ = run(tx, 5)
+    want = oracle(kind, 5, lr, wd, False, decay=decay)
+    everywhere = oracle(kind, 5, lr, wd, False)
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=2e-5, atol=2e-6, err_msg=k)
+    assert not np.allclose(want["b"], everywhere["b"], rtol=1e-4)  # the mask made a difference
+
+
+@pytest.mark.parametrize("build", [OPT.adamp, lambda **kw: OPT.sgdp(0.1, **kw)])
+def test_bad_decay_masks_are_refused(build):
+    with pytest.raises(ValueError, match="decay_mask must be None, a callable or a bool tree"):
+        build(decay_mask={})
+    params = {k: jnp.asarray(v) for k, v in PARAMS.items()}
+    with pytest.raises(ValueError, match="decay_mask does not match the params tree"):
+        build(decay_mask={"a": True}).init(params)
+    with pytest.raises(TypeError, match="decay_mask leaves must be Python bools"):
+        build(decay_mask={"a": True, "b": 1.0, "bias": False}).init(params)
 
 
 def test_cosine_test_leaves_random_gradients_alone():

@@ -30,6 +30,7 @@ REPRO_CONFIGS = (
     "fmnist_wd_time",
     "fmnist_effective_lr",
     "fmnist_wrs_conv",
+    "fmnist_beyond",
     "cifar10_enorm_fc",
     "cifar10_enorm_nv",
     "cifar10_resnet56_norm_matters",
@@ -86,6 +87,8 @@ def test_set_dotted_rejects_unknown_parent_fields():
     [
         ("fmnist_enorm_depth", "enorm-1.2"),
         ("fmnist_wrs", "adamw+wrs"),
+        ("fmnist_beyond", "a/adamp, tracer mask"),
+        ("fmnist_beyond", "b/mp + forced wn"),
         pytest.param("fmnist_norm_matters", "bwn+meanbn", marks=pytest.mark.slow),
         pytest.param("fmnist_norm_matters", "l1bn-fp16", marks=pytest.mark.slow),
     ],

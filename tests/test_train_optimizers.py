@@ -192,7 +192,8 @@ def test_bad_wrapper_configs_give_clear_errors():
     with pytest.raises(ValueError, match=r"wrapper_kwargs\.wrs: .*'taus'"):
         opt.make_optimizer({"wrappers": ("wrs",), "wrapper_kwargs": {"wrs": {"taus": 3}}}, 10)
     with pytest.raises(
-        ValueError, match=r"wrapper_kwargs\.wrs\.mask must be one of \('kernels', 'scale_invariant'\)"
+        ValueError,
+        match=r"wrapper_kwargs\.wrs\.mask must be one of \('kernels', 'hidden_kernels', 'scale_invariant'\)",
     ):
         opt.make_optimizer({"wrappers": ("wrs",), "wrapper_kwargs": {"wrs": {"mask": "convs"}}}, 10)
     with pytest.raises(
@@ -247,3 +248,174 @@ def test_window_wrapper_wrs_rescales_only_inside_its_window():
         _window_sgd(kind="l1", start=0, end=1)
     with pytest.raises(ValueError, match="start < end"):
         _window_sgd(kind="wd", start=3, end=3)
+
+
+def _bn_params():
+    key = jax.random.key(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {
+        "dense_0": {"kernel": jax.random.normal(k1, (6, 4))},
+        "dense_0_norm": {"scale": jnp.full(4, 1.5), "bias": jnp.full(4, 0.3)},
+        "head": {"kernel": jax.random.normal(k2, (4, 3)), "bias": jax.random.normal(k3, (3,))},
+    }
+
+
+def _grads(params, seed=1):
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return treedef.unflatten([jax.random.normal(k, p.shape) for k, p in zip(keys, leaves, strict=True)])
+
+
+def _run(tx, params, steps=3):
+    state = tx.init(params)
+    for t in range(steps):
+        updates, state = tx.update(_grads(params, t), state, params)
+        params = optax.apply_updates(params, updates)
+    return params
+
+
+@pytest.mark.parametrize("name", ["adamp", "sgdp"])
+def test_radial_optimizers_decay_only_the_weight_decay_mask(name):
+    # AdamP / SGDP act leaf by leaf, so the registry's run with weight decay on the kernels equals, per
+    # leaf, a run with decay on every leaf (kernels) and one without decay (the other leaves).
+    config = {"name": name, "learning_rate": 0.05, "weight_decay": 0.3, "weight_decay_mask": "kernels"}
+    tx, _ = opt.make_optimizer(config, 10)
+    got = _run(tx, _bn_params())
+    build = optim_fn(name)
+    decayed, plain = _run(build(0.05, 0.3), _bn_params()), _run(build(0.05, 0.0), _bn_params())
+    for path in (("dense_0", "kernel"), ("head", "kernel")):
+        np.testing.assert_allclose(_at(got, path), _at(decayed, path), rtol=1e-6)
+    for path in (("dense_0_norm", "scale"), ("dense_0_norm", "bias"), ("head", "bias")):
+        np.testing.assert_allclose(_at(got, path), _at(plain, path), rtol=1e-6)
+    assert not np.allclose(_at(decayed, ("dense_0_norm", "scale")), _at(plain, ("dense_0_norm", "scale")))
+
+
+def optim_fn(name):
+    from jaxnorm import optim
+
+    if name == "adamp":
+        return lambda lr, wd: optim.adamp(lr, weight_decay=wd)
+    return lambda lr, wd: optim.sgdp(lr, momentum=0.9, weight_decay=wd)
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key]
+    return np.asarray(tree)
+
+
+def test_adamwn_is_adamw_at_target_zero_and_pulls_to_the_target_norm():
+    params = _bn_params()
+    adamw = {"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.5}
+    adamwn = {**adamw, "name": "adamwn", "target_norm": 0.0}
+    a, b = _run(opt.make_optimizer(adamw, 10)[0], params), _run(opt.make_optimizer(adamwn, 10)[0], params)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), a, b)
+    # zero gradients: ||w_j|| - r shrinks by (1 - lr wd) per step, every unit of every kernel
+    tx, _ = opt.make_optimizer({**adamwn, "target_norm": 2.0, "learning_rate": 0.1}, 10)
+    w = np.asarray(params["dense_0"]["kernel"], np.float64)
+    state, p = tx.init(params), params
+    for _ in range(3):
+        updates, state = tx.update(jax.tree.map(jnp.zeros_like, p), state, p)
+        p = optax.apply_updates(p, updates)
+    expected = 2.0 + (np.linalg.norm(w, axis=0) - 2.0) * (1 - 0.1 * 0.5) ** 3
+    np.testing.assert_allclose(np.linalg.norm(p["dense_0"]["kernel"], axis=0), expected, rtol=1e-5)
+
+
+def test_sphere_projection_wrapper_puts_the_selected_units_on_the_sphere():
+    config = {
+        "name": "adam",
+        "learning_rate": 0.1,
+        "wrappers": ("sphere_projection",),
+        "wrapper_kwargs": {"sphere_projection": {"target": "sqrt_fan_in", "mask": "hidden_kernels"}},
+    }
+    params = _run(opt.make_optimizer(config, 10)[0], _bn_params())
+    np.testing.assert_allclose(np.linalg.norm(params["dense_0"]["kernel"], axis=0), np.sqrt(6), rtol=1e-5)
+    assert not np.allclose(
+        np.linalg.norm(params["head"]["kernel"], axis=0), 2.0, rtol=1e-2
+    )  # classifier free
+    config["wrapper_kwargs"] = {"sphere_projection": {"target": 2.0, "mask": "scale_invariant"}}
+    mask = {"dense_0": {"kernel": False}, "dense_0_norm": {"scale": False, "bias": False}}
+    mask["head"] = {"kernel": True, "bias": False}
+    tx, _ = opt.make_optimizer(config, 10, scale_invariant_mask=mask)
+    params = _run(tx, _bn_params())
+    np.testing.assert_allclose(np.linalg.norm(params["head"]["kernel"], axis=0), 2.0, rtol=1e-5)
+
+
+def test_radial_projection_wrapper_around_momentum_is_sgdp():
+    from jaxnorm import optim
+
+    config = {"name": "momentum", "learning_rate": 0.1, "momentum": 0.9, "wrappers": ("radial_projection",)}
+    got = _run(opt.make_optimizer(config, 10)[0], _bn_params(), steps=4)
+    expected = _run(optim.sgdp(0.1, momentum=0.9), _bn_params(), steps=4)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), got, expected)
+
+
+def test_decay_to_norm_wrapper_adds_the_pull_to_the_gradient():
+    config = {
+        "name": "sgd",
+        "learning_rate": 0.5,
+        "wrappers": ("decay_to_norm",),
+        "wrapper_kwargs": {"decay_to_norm": {"weight_decay": 0.2, "target": 1.0}},
+    }
+    tx, _ = opt.make_optimizer(config, 10)
+    params = _bn_params()
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    w = np.asarray(params["dense_0"]["kernel"], np.float64)
+    expected = -0.5 * 0.2 * (w - w / np.linalg.norm(w, axis=0))
+    np.testing.assert_allclose(updates["dense_0"]["kernel"], expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(updates["head"]["bias"], 0.0)
+
+
+def test_needs_scale_invariant_mask_for_the_new_entries():
+    assert opt.needs_scale_invariant_mask({"name": "adamp", "projection_mask": "scale_invariant"})
+    assert not opt.needs_scale_invariant_mask({"name": "adamp"})
+    assert opt.needs_scale_invariant_mask(
+        {
+            "wrappers": ("sphere_projection",),
+            "wrapper_kwargs": {"sphere_projection": {"mask": "scale_invariant"}},
+        }
+    )
+    assert not opt.needs_scale_invariant_mask({"wrappers": ("sphere_projection", "decay_to_norm")})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"name": "adamw", "delta": 0.1}, r"config\.optimizer\.delta is read only by optimizer\.name in"),
+        ({"name": "adamp", "target_norm": 1.0}, r"config\.optimizer\.target_norm is read only by"),
+        ({"name": "sgdp", "nesterov": 1}, r"config\.optimizer\.nesterov must be a bool"),
+        ({"name": "adamp", "delta": "0.1"}, r"config\.optimizer\.delta must be a number"),
+        ({"name": "adamp", "delta": -1.0}, r"optimizer \(name 'adamp'\): .*delta"),
+        ({"name": "sgdp", "wd_ratio": 2.0}, r"optimizer \(name 'sgdp'\): .*wd_ratio"),
+        ({"name": "adamp", "projection_mask": "convs"}, r"optimizer\.projection_mask must be one of"),
+        ({"name": "adamwn", "weight_decay_mask": "all"}, r"optimizer\.weight_decay_mask \(adamwn"),
+        ({"name": "adamwn", "target_norm": -1.0}, r"optimizer \(name 'adamwn'\): .*target"),
+        (
+            {"wrappers": ("sphere_projection",), "wrapper_kwargs": {"sphere_projection": {"target": -1}}},
+            r"wrapper_kwargs\.sphere_projection: .*target",
+        ),
+        (
+            {"wrappers": ("sphere_projection",), "wrapper_kwargs": {"sphere_projection": {"radius": 1}}},
+            r"wrapper_kwargs\.sphere_projection: .*'radius'",
+        ),
+        (
+            {"wrappers": ("radial_projection",), "wrapper_kwargs": {"radial_projection": {"mask": "all"}}},
+            r"wrapper_kwargs\.radial_projection\.mask must be one of \('cosine'",
+        ),
+        ({"wrappers": ("decay_to_norm",)}, r"wrapper_kwargs\.decay_to_norm: .*'weight_decay'"),
+        (
+            {"wrappers": ("decay_to_norm",), "wrapper_kwargs": {"decay_to_norm": {"weight_decay": -1}}},
+            r"wrapper_kwargs\.decay_to_norm: .*weight_decay",
+        ),
+    ],
+)
+def test_bad_scale_invariance_configs_name_the_key(config, message):
+    with pytest.raises(ValueError, match=message):
+        opt.make_optimizer(config, 10, checking=True)
+
+
+def test_projection_mask_scale_invariant_needs_the_mask_outside_checking():
+    config = {"name": "adamp", "projection_mask": "scale_invariant"}
+    with pytest.raises(ValueError, match=r"optimizer\.projection_mask with mask 'scale_invariant' needs"):
+        opt.make_optimizer(config, 10)
+    opt.make_optimizer(config, 10, checking=True)

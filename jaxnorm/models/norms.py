@@ -22,11 +22,14 @@ name           weight layer                               after it
 ``bwn``        ``BoundedWeightNorm*``, no bias            mean-only ``BatchNorm``
 ``ws``         ``WSConv`` (dense layers plain), no bias   ``GroupNorm``
 ``normprop``   ``NormProp*`` (normalizes itself)          its own ReLU moment correction
+``mp``         ``MPDense`` / ``MPConv`` (gain 1), no bias  nothing; MP-SiLU in place of ReLU
 =============  =========================================  ==================================
 
 The classifier ("head") is a plain ``Dense`` with bias for every activation normalization;
 for ``wn`` / ``swn`` / ``bwn`` it uses the same weight parametrization (scaled weight norm
-with gain 1, a linear layer). ``final_bn`` adds the ENorm paper's BatchNorm after it.
+with gain 1, a linear layer). ``mp`` (EDM2's magnitude-preserving layers: forced weight
+normalization in the forward pass, ``silu(x) / 0.596``) keeps the plain ``Dense`` head, so the
+logits' scale is learned. ``final_bn`` adds the ENorm paper's BatchNorm after it.
 
 References:
   Ioffe & Szegedy (2015), batch normalization. Hoffer et al., *Norm matters* (NeurIPS 2018),
@@ -36,6 +39,8 @@ References:
   Wu & He (2018), group norm. Ba et al. (2016), layer norm. Qiao et al. (2019), weight
   standardization + GN. Arpit et al. (2016), normalization propagation.
   Stock et al., *Equi-normalization* (ICLR 2019), Sec. 6.2: one BN after the classifier.
+  Karras et al., *Analyzing and improving the training dynamics of diffusion models* (EDM2,
+  CVPR 2024), Sec. 3.2-3.3: magnitude-preserving layers and MP-SiLU.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ Initializer = Callable[..., Array]
 
 NORMS: tuple[str, ...] = (
     "none", "bn", "l1bn", "linfbn", "topk", "ghostbn", "gn", "ln",
-    "wn", "swn", "bwn", "ws", "normprop",
+    "wn", "swn", "bwn", "ws", "normprop", "mp",
 )
 """Every normalization name a model accepts."""
 
@@ -175,6 +180,10 @@ class NormLayers:
                 feature_axes=-1, dtype=self.dtype, name=name)
         return None
 
+    def _activation(self, x: Array) -> Array:
+        """ReLU, or MP-SiLU for ``mp`` (EDM2 Sec. 3.3: unit second moment for unit-normal input)."""
+        return jnn.mp_silu(x) if self.norm == "mp" else nn.relu(x)
+
     def _apply_norm(self, x: Array, *, train: bool, name: str) -> Array:
         module = self._norm_module(x.shape[-1], x.ndim, name)
         if module is None:
@@ -189,7 +198,7 @@ class NormLayers:
         Used by pre-activation blocks (WRN). For weight-space methods this is just the ReLU.
         """
         x = self._apply_norm(x, train=train, name=name)
-        return nn.relu(x) if act else x
+        return self._activation(x) if act else x
 
     def conv(
         self, x: Array, features: int, kernel_size: int, *, train: bool, name: str,
@@ -225,12 +234,14 @@ class NormLayers:
             layer = jnn.ScaledWeightNormConv(gain=gain, use_bias=True, **common)
         elif norm == "bwn":
             layer = jnn.BoundedWeightNormConv(use_bias=False, **common)
+        elif norm == "mp":
+            layer = jnn.MPConv(**common)
         else:
             layer = nn.Conv(use_bias=not self.has_activation_norm, **common)
         x = layer(x)
         if normalize:
             x = self._apply_norm(x, train=train, name=name + "_norm")
-        return nn.relu(x) if act else x
+        return self._activation(x) if act else x
 
     def dense(
         self, x: Array, features: int, *, train: bool, name: str, act: bool = True,
@@ -248,10 +259,12 @@ class NormLayers:
             layer = jnn.ScaledWeightNormDense(gain=gain, use_bias=True, **common)
         elif norm == "bwn":
             layer = jnn.BoundedWeightNormDense(use_bias=False, **common)
+        elif norm == "mp":
+            layer = jnn.MPDense(**common)
         else:
             layer = nn.Dense(use_bias=not self.has_activation_norm, **common)
         x = self._apply_norm(layer(x), train=train, name=name + "_norm")
-        return nn.relu(x) if act else x
+        return self._activation(x) if act else x
 
     def head(self, x: Array, num_classes: int, *, train: bool, final_bn: bool,
              name: str = "head") -> Array:

@@ -30,11 +30,19 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxnorm.functional.weight import unit_norm
 from jaxnorm.optim.arguments import check_bool, check_in_range, check_non_negative, check_positive
-from jaxnorm.optim.rescaling import MaskOrFn, check_inner, check_updates, pure_transform, resolve_mask
+from jaxnorm.optim.rescaling import (
+    MaskOrFn,
+    check_inner,
+    check_updates,
+    pure,
+    pure_transform,
+    resolve_mask,
+)
 
 __all__ = [
     "NOT_PROJECTED",
@@ -135,6 +143,31 @@ def _selection(mask: MaskOrFn, params: PyTree, fn_name: str) -> list:
     return jax.tree.structure(params).flatten_up_to(flags)
 
 
+def _decay_flags(decay_mask: MaskOrFn, params: PyTree, fn_name: str) -> list[bool]:
+    """Per flat params leaf: whether it gets weight decay (``decay_mask``: ``None`` for every leaf, a
+    bool tree or ``params -> bool tree``, as ``optax.adamw``'s ``mask``; any rank may be selected)."""
+    treedef = jax.tree.structure(params)
+    if decay_mask is None:
+        return [True] * treedef.num_leaves
+    tree = pure(decay_mask(params) if callable(decay_mask) else decay_mask)
+    try:
+        flat = treedef.flatten_up_to(tree)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{fn_name}: decay_mask does not match the params tree: expected one bool per params leaf "
+            f"with structure {treedef}, got {jax.tree.structure(tree)}"
+        ) from err
+    for flag in flat:
+        if not isinstance(flag, bool | np.bool_):
+            raise TypeError(f"{fn_name}: decay_mask leaves must be Python bools, got {flag!r}")
+    return [bool(flag) for flag in flat]
+
+
+def _check_decay_mask(decay_mask: Any, fn_name: str) -> None:
+    if decay_mask is not None and not callable(decay_mask) and not jax.tree.leaves(decay_mask):
+        raise ValueError(f"{fn_name}: decay_mask must be None, a callable or a bool tree, got {decay_mask!r}")
+
+
 def _project_tree(params, grads, updates, mask, delta, eps, fn_name):
     treedef = jax.tree.structure(params)
     chosen = _selection(mask, params, fn_name)
@@ -199,13 +232,15 @@ def _radial_optimizer(
     delta: float,
     eps: float,
     mask: MaskOrFn,
+    decay_mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
     """The shared body of AdamP and SGDP: ``direction`` maps ``(grads, state, count)`` to the step
     direction and new moments; then projection, decoupled weight decay ``lr * wd * ratio * w`` (times
-    ``decay_factor``) and the step ``-lr * direction``."""
+    ``decay_factor``; only the leaves ``decay_mask`` selects) and the step ``-lr * direction``."""
 
     def init_fn(params):
         _selection(mask, params, fn_name)
+        _decay_flags(decay_mask, params, fn_name)
         zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _wide(jnp.asarray(p)).dtype), params)
         projected = jax.tree.map(lambda _: jnp.asarray(NOT_PROJECTED, jnp.int32), params)
         return RadialState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros, projected=projected)
@@ -216,13 +251,17 @@ def _radial_optimizer(
         d, mu, nu = direction(grads, state, count)
         d, projected = _project_tree(params, grads, d, mask, delta, eps, fn_name)
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        treedef = jax.tree.structure(params)
+        decayed = treedef.unflatten(_decay_flags(decay_mask, params, fn_name))
 
-        def step(w, di, choice):
+        def step(w, di, choice, flag):
+            if not flag:
+                return (-lr * di).astype(jnp.asarray(w).dtype)
             ratio = jnp.where(choice == NOT_PROJECTED, 1.0, wd_ratio)
             decay = lr * weight_decay * decay_factor * ratio * _wide(w)
             return (-lr * di - decay).astype(jnp.asarray(w).dtype)
 
-        updates = jax.tree.map(step, params, d, projected)
+        updates = jax.tree.map(step, params, d, projected, decayed)
         return updates, RadialState(count=count, mu=mu, nu=nu, projected=projected)
 
     return pure_transform(init_fn, update_fn)
@@ -239,6 +278,7 @@ def adamp(
     wd_ratio: float = 0.1,
     nesterov: bool = False,
     mask: MaskOrFn = None,
+    decay_mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
     """AdamP (Heo et al., ICLR 2021, Alg. 2), the authors' defaults.
 
@@ -253,6 +293,8 @@ def adamp(
       delta: cosine threshold ``delta / sqrt(d)``; wd_ratio: weight decay factor for projected kernels.
       nesterov: Nesterov momentum as in the authors' code.
       mask: ``None`` (cosine test) or the kernels to project per unit (see :func:`radial_projection`).
+      decay_mask: the leaves that get weight decay, as ``optax.adamw``'s ``mask`` (a bool tree or
+        ``params -> bool tree``); ``None``: every leaf, as the authors' code on one param group.
     """
     fn_name = "adamp"
     _check_learning_rate(learning_rate, fn_name)
@@ -274,7 +316,10 @@ def adamp(
         d = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + eps), first, nu)
         return d, mu, nu
 
-    return _radial_optimizer(fn_name, learning_rate, direction, 1.0, weight_decay, wd_ratio, delta, eps, mask)
+    _check_decay_mask(decay_mask, fn_name)
+    return _radial_optimizer(
+        fn_name, learning_rate, direction, 1.0, weight_decay, wd_ratio, delta, eps, mask, decay_mask
+    )
 
 
 def sgdp(
@@ -288,12 +333,14 @@ def sgdp(
     delta: float = 0.1,
     wd_ratio: float = 0.1,
     mask: MaskOrFn = None,
+    decay_mask: MaskOrFn = None,
 ) -> optax.GradientTransformationExtraArgs:
     """SGDP (Heo et al., ICLR 2021, Alg. 1), the authors' defaults.
 
     ``b = momentum b + (1 - dampening) g``, ``p = g + momentum b`` (Nesterov) or ``b``; ``p`` projected by
     :func:`project_radial`; ``w <- w (1 - lr wd r / (1 - momentum)) - lr p`` with ``r = wd_ratio`` where
-    projected, else 1 (the ``1 / (1 - momentum)`` is the authors' code's).
+    projected, else 1 (the ``1 / (1 - momentum)`` is the authors' code's). ``decay_mask``: the leaves
+    that get weight decay (``None``: all), as in :func:`adamp`.
     """
     fn_name = "sgdp"
     _check_learning_rate(learning_rate, fn_name)
@@ -312,7 +359,8 @@ def sgdp(
         d = jax.tree.map(lambda b, g: _wide(g) + momentum * b, mu, grads) if nesterov else mu
         return d, mu, state.nu
 
+    _check_decay_mask(decay_mask, fn_name)
     decay_factor = 1.0 / (1.0 - momentum)
     return _radial_optimizer(
-        fn_name, learning_rate, direction, decay_factor, weight_decay, wd_ratio, delta, eps, mask
+        fn_name, learning_rate, direction, decay_factor, weight_decay, wd_ratio, delta, eps, mask, decay_mask
     )

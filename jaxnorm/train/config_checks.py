@@ -288,3 +288,39 @@ def check_hooks(config: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"config.optimizer.wrapper_kwargs.enorm.start must be an int >= 0, got {start!r}"
             )
+
+
+OPTIMIZER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "delta": ("adamp", "sgdp"),
+    "wd_ratio": ("adamp", "sgdp"),
+    "nesterov": ("adamp", "sgdp"),
+    "projection_mask": ("adamp", "sgdp"),
+    "target_norm": ("adamwn",),
+    "per_unit": ("adamwn",),
+}
+"""Options of the ``optimizer`` block that only some optimizers read: option -> those ``name`` values
+(AdamP / SGDP: Heo et al. 2021; AdamWN: Loshchilov 2023). Set for another optimizer they would be
+ignored silently, so :func:`check_optimizer_options` refuses them."""
+
+
+def check_optimizer_options(optimizer: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming ``config.optimizer.<option>`` for an option that the chosen
+    optimizer does not read (:data:`OPTIMIZER_OPTIONS`), or whose value has the wrong type."""
+    name = optimizer.get("name", "momentum")
+    for option, readers in OPTIMIZER_OPTIONS.items():
+        if option not in optimizer:
+            continue
+        if name not in readers:
+            raise ValueError(
+                f"config.optimizer.{option} is read only by optimizer.name in {readers}, got name {name!r}; "
+                "remove it or change the optimizer"
+            )
+        value = optimizer[option]
+        if option in ("nesterov", "per_unit") and not isinstance(value, bool):
+            raise ValueError(f"config.optimizer.{option} must be a bool, got {value!r}")
+        if option in ("delta", "wd_ratio", "target_norm") and (
+            isinstance(value, bool) or not isinstance(value, int | float)
+        ):
+            raise ValueError(f"config.optimizer.{option} must be a number, got {value!r}")
+        if option == "projection_mask" and not isinstance(value, str):
+            raise ValueError(f"config.optimizer.{option} must be a mask name (a str), got {value!r}")

@@ -3,18 +3,21 @@
 ``make_optimizer(config, total_steps)`` turns the ``optimizer`` block of an experiment config into an
 ``optax.GradientTransformation``::
 
-    name: sgd | momentum | nesterov | adam | adamw
+    name: sgd | momentum | nesterov | adam | adamw | adamp | sgdp | adamwn
     learning_rate, momentum, b1, b2, eps
+    adamp / sgdp: delta, wd_ratio, nesterov, projection_mask (cosine | kernels | hidden_kernels |
+      scale_invariant); adamwn: target_norm, per_unit
     schedule: constant | step | cosine | linear | quadratic ; warmup_steps, boundaries (fractions of the
       run), decay_factor, end_value
     weight_decay, weight_decay_mask: all | kernels | hidden_kernels | bn_scales | last_layer | last_kernel
     grad_clip_norm (0 = off), accumulate_steps (optax.MultiSteps)
     wrappers: names from WRAPPERS, applied in order; wrapper_kwargs: {name: {kwarg: value}}
-      (a wrapper's ``mask``: kernels | scale_invariant)
+      (a wrapper's ``mask``: kernels | hidden_kernels | scale_invariant)
 
 Weight decay is the L2 penalty added to the gradient (as in the papers: Hoffer et al. 2018 Sec. 2 and
-the ENorm paper train with SGD + L2) for every optimizer except ``adamw``, where it is decoupled
-(Loshchilov & Hutter 2019).
+the ENorm paper train with SGD + L2) for every optimizer except ``adamw`` (Loshchilov & Hutter 2019),
+``adamp`` / ``sgdp`` (Heo et al. 2021, Algs. 1-2: decoupled, times ``wd_ratio`` on projected kernels)
+and ``adamwn`` (Loshchilov 2023: decoupled, towards norm ``target_norm``), where it is decoupled.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import optax
 from flax import traverse_util
 
 from jaxnorm import optim
+from jaxnorm.train.config_checks import check_optimizer_options
 
 PyTree = Any
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "adamp", "sgdp", "adamwn")
 SCHEDULES = ("constant", "step", "cosine", "linear", "quadratic")
 WEIGHT_DECAY_MASKS = (
     "all",
@@ -43,9 +47,17 @@ WEIGHT_DECAY_MASKS = (
     "last_layer",
     "last_kernel",
 )
-MASKS = ("kernels", "scale_invariant")
-"""Values of a wrapper's ``mask`` kwarg: every kernel (rank >= 2 leaf), or the scale-invariant ones
+MASKS = ("kernels", "hidden_kernels", "scale_invariant")
+"""Values of a wrapper's ``mask`` kwarg: every kernel (rank >= 2 leaf), every kernel but the
+classifier's (``weight_decay_mask('hidden_kernels')``: e.g. the magnitude-preserving layers of a
+``norm='mp'`` model, which the tracer does not count as scale invariant), or the scale-invariant ones
 (kernels whose units feed a BatchNorm, found by tracing the model; the training loop supplies them)."""
+PROJECTION_MASKS = ("cosine", *MASKS)
+"""Values of ``adamp`` / ``sgdp``'s ``projection_mask`` and of the ``radial_projection`` wrapper's
+``mask``: ``cosine`` is the paper's test (Heo et al. Sec. 3.2), the others project the kernels they
+select on every step and no other."""
+DECAY_TO_NORM_MASKS = ("kernels", "hidden_kernels", "last_kernel")
+"""The ``weight_decay_mask`` values ``adamwn`` accepts: its per-unit norms need kernels (rank >= 2)."""
 
 
 def _choice(value: str, choices, what: str) -> str:
@@ -128,24 +140,6 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
     return mask
 
 
-def _base(config: Mapping[str, Any], schedule: optax.Schedule) -> optax.GradientTransformation:
-    name = _choice(config.get("name", "momentum"), OPTIMIZERS, "optimizer.name")
-    wd = float(config.get("weight_decay", 0.0))
-    mask = weight_decay_mask(config.get("weight_decay_mask", "kernels"))
-    b1, b2 = float(config.get("b1", 0.9)), float(config.get("b2", 0.999))
-    eps = float(config.get("eps", 1e-8))
-    if name == "adamw":
-        return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=mask)
-    if name == "adam":
-        core = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
-    else:
-        momentum = None if name == "sgd" else float(config.get("momentum", 0.9))
-        core = optax.sgd(schedule, momentum=momentum, nesterov=name == "nesterov")
-    if wd == 0.0:
-        return core
-    return optax.chain(optax.add_decayed_weights(wd, mask), core)
-
-
 class WrapperContext(NamedTuple):
     """What a wrapper may need beyond its kwargs.
 
@@ -168,17 +162,86 @@ class WrapperContext(NamedTuple):
     checking: bool = False
 
 
-def _mask(name: str, context: WrapperContext, wrapper: str) -> PyTree | None:
-    """A wrapper's ``mask`` kwarg as a mask: ``None`` (every kernel) or the scale-invariant tree."""
-    _choice(name, MASKS, f"optimizer.wrapper_kwargs.{wrapper}.mask")
+def _mask(name: str, context: WrapperContext, wrapper: str, key: str | None = None) -> Any:
+    """A wrapper's ``mask`` kwarg as a mask: ``None`` (every kernel), the hidden kernels (a function
+    of the params) or the scale-invariant tree. ``key``: the config key read (default the wrapper's
+    ``wrapper_kwargs.<wrapper>.mask``; ``wrapper`` is then ``optimizer.<name>``)."""
+    where = f"optimizer.wrapper_kwargs.{wrapper}.mask" if key is None else f"optimizer.{key}"
+    _choice(name, MASKS, where)
     if name == "kernels":
         return None
+    if name == "hidden_kernels":
+        return weight_decay_mask("hidden_kernels")
     if context.scale_invariant_mask is None and not context.checking:
+        what = f"optimizer wrapper {wrapper!r}" if key is None else where
         raise ValueError(
-            f"optimizer wrapper {wrapper!r} with mask 'scale_invariant' needs the model's scale-invariant "
+            f"{what} with mask 'scale_invariant' needs the model's scale-invariant "
             "kernels: train through jaxnorm.train.train, or pass scale_invariant_mask= to make_optimizer"
         )
     return context.scale_invariant_mask
+
+
+def _radial_base(name, config, schedule, wd, mask, context):
+    """AdamP / SGDP (Heo et al. 2021) with the registry's options (``delta``, ``wd_ratio``,
+    ``nesterov``, ``projection_mask``); their decoupled decay acts on ``weight_decay_mask``'s leaves."""
+    selection = _choice(
+        config.get("projection_mask", "cosine"), PROJECTION_MASKS, "optimizer.projection_mask"
+    )
+    projection = None if selection == "cosine" else _mask(selection, context, name, "projection_mask")
+    common = {
+        "weight_decay": wd,
+        "delta": float(config.get("delta", 0.1)),
+        "wd_ratio": float(config.get("wd_ratio", 0.1)),
+        "nesterov": config.get("nesterov", False),
+        "mask": projection,
+        "decay_mask": mask,
+    }
+    b1, b2 = float(config.get("b1", 0.9)), float(config.get("b2", 0.999))
+    eps = float(config.get("eps", 1e-8))
+    try:
+        if name == "adamp":
+            return optim.adamp(schedule, b1=b1, b2=b2, eps=eps, **common)
+        return optim.sgdp(schedule, momentum=float(config.get("momentum", 0.9)), **common)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer (name {name!r}): {err}") from err
+
+
+def _base(
+    config: Mapping[str, Any], schedule: optax.Schedule, context: WrapperContext
+) -> optax.GradientTransformation:
+    name = _choice(config.get("name", "momentum"), OPTIMIZERS, "optimizer.name")
+    wd = float(config.get("weight_decay", 0.0))
+    mask_name = config.get("weight_decay_mask", "kernels")
+    mask = weight_decay_mask(mask_name)
+    b1, b2 = float(config.get("b1", 0.9)), float(config.get("b2", 0.999))
+    eps = float(config.get("eps", 1e-8))
+    if name == "adamw":
+        return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=mask)
+    if name in ("adamp", "sgdp"):
+        return _radial_base(name, config, schedule, wd, mask, context)
+    if name == "adamwn":
+        _choice(mask_name, DECAY_TO_NORM_MASKS, "optimizer.weight_decay_mask (adamwn: kernels only)")
+        try:
+            return optim.adamwn(
+                schedule,
+                float(config.get("target_norm", 0.0)),
+                b1=b1,
+                b2=b2,
+                eps=eps,
+                weight_decay=wd,
+                per_unit=config.get("per_unit", True),
+                mask=mask,
+            )
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"optimizer (name 'adamwn'): {err}") from err
+    if name == "adam":
+        core = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    else:
+        momentum = None if name == "sgd" else float(config.get("momentum", 0.9))
+        core = optax.sgd(schedule, momentum=momentum, nesterov=name == "nesterov")
+    if wd == 0.0:
+        return core
+    return optax.chain(optax.add_decayed_weights(wd, mask), core)
 
 
 def _wrs(tx, context, *, tau: int = 20, mask: str = "kernels"):
@@ -332,6 +395,35 @@ def _window(
     return optax.chain(tx, optax.transforms.conditionally_transform(wrs, active))
 
 
+def _sphere_projection(tx, context, *, target: Any = 1.0, unit_axis: int = -1, mask: str = "kernels"):
+    selected = _mask(mask, context, "sphere_projection")
+    try:
+        sphere = optim.sphere_projection(target, unit_axis=unit_axis, mask=selected)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer.wrapper_kwargs.sphere_projection: {err}") from err
+    return optax.chain(tx, sphere)
+
+
+def _radial_projection(tx, context, *, delta: float = 0.1, eps: float = 1e-8, mask: str = "cosine"):
+    _choice(mask, PROJECTION_MASKS, "optimizer.wrapper_kwargs.radial_projection.mask")
+    selected = None if mask == "cosine" else _mask(mask, context, "radial_projection")
+    try:
+        return optim.radial_projection(tx, delta=delta, eps=eps, mask=selected)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer.wrapper_kwargs.radial_projection: {err}") from err
+
+
+def _decay_to_norm(
+    tx, context, *, weight_decay: float, target: float = 0.0, per_unit: bool = True, mask: str = "kernels"
+):
+    selected = _mask(mask, context, "decay_to_norm")
+    try:
+        decay = optim.decay_to_norm(weight_decay, target, per_unit=per_unit, mask=selected)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer.wrapper_kwargs.decay_to_norm: {err}") from err
+    return optax.chain(decay, tx)
+
+
 WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "wrs": _wrs,
     "wrs_state": _wrs_state,
@@ -342,6 +434,9 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "norm_schedule": _norm_schedule,
     "norm_schedule_from_lr": _norm_schedule_from_lr,
     "window": _window,
+    "sphere_projection": _sphere_projection,
+    "radial_projection": _radial_projection,
+    "decay_to_norm": _decay_to_norm,
 }
 """Optimizer wrappers by name: ``build(tx, context, **wrapper_kwargs) -> tx``.
 
@@ -359,9 +454,17 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
   selected units, norms ``sqrt(lr_0 / lr(t))`` in place of the LR decay (Norm matters Sec. 2).
 * ``window``: weight decay (``kind: wd``, inside the momentum) or WRS (``kind: wrs``) active only
   for updates ``start <= t < end`` (Liu et al. Fig. 7).
+* ``sphere_projection``: every selected unit back to norm ``target`` after each update (a number or
+  ``"sqrt_fan_in"``: nGPT Sec. 2.6, EDM2's forced weight normalization; ``unit_axis``).
+* ``radial_projection``: AdamP's projection of the updates around the optimizer so far (Heo et al.
+  Sec. 3.2); ``mask: cosine`` (default) is the paper's test, a mask name projects those kernels always.
+* ``decay_to_norm``: ``weight_decay * (w - target w / ||w||)`` added to the gradient before the
+  optimizer (Loshchilov 2023; the L2 placement of the other optimizers' decay; for the decoupled form
+  use the optimizer ``adamwn``).
 
-``mask`` (``kernels`` or ``scale_invariant``) selects the kernels; the Norm-matters wrappers default
-to the scale-invariant ones, the others to every kernel (Liu et al. rescale the classifier too).
+``mask`` (``kernels``, ``hidden_kernels`` or ``scale_invariant``) selects the kernels; the Norm-matters
+wrappers default to the scale-invariant ones, the others to every kernel (Liu et al. rescale the
+classifier too).
 """
 
 
@@ -370,7 +473,10 @@ def _wrapper_kwargs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def needs_scale_invariant_mask(config: Mapping[str, Any]) -> bool:
-    """Whether a wrapper of the optimizer config selects the scale-invariant kernels."""
+    """Whether the optimizer (``adamp`` / ``sgdp``'s ``projection_mask``) or a wrapper of the config
+    selects the scale-invariant kernels."""
+    if config.get("name") in ("adamp", "sgdp") and config.get("projection_mask") == "scale_invariant":
+        return True
     for name in tuple(config.get("wrappers", ()) or ()):
         build = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
         default = inspect.signature(build).parameters.get("mask")
@@ -396,15 +502,12 @@ def make_optimizer(
     (from :func:`jaxnorm.train.norm_records.load_recorded_norms`) serve the wrappers that need them
     (:class:`WrapperContext`); ``checking=True`` checks a config without them.
     """
+    check_optimizer_options(config)
     accumulate = int(config.get("accumulate_steps", 1))
     if accumulate < 1:
         raise ValueError(f"optimizer.accumulate_steps must be >= 1, got {accumulate}")
     updates = max(1, total_steps // accumulate)
     schedule = make_schedule(config, updates)
-    tx = _base(config, schedule)
-    clip = float(config.get("grad_clip_norm", 0.0))
-    if clip > 0:
-        tx = optax.chain(optax.clip_by_global_norm(clip), tx)
     context = WrapperContext(
         schedule=schedule,
         base_learning_rate=float(config.get("learning_rate", 0.1)),
@@ -413,6 +516,10 @@ def make_optimizer(
         reference_norms=reference_norms,
         checking=checking,
     )
+    tx = _base(config, schedule, context)
+    clip = float(config.get("grad_clip_norm", 0.0))
+    if clip > 0:
+        tx = optax.chain(optax.clip_by_global_norm(clip), tx)
     for name in tuple(config.get("wrappers", ()) or ()):
         build = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
         kwargs = _wrapper_kwargs(config, name)
