@@ -172,3 +172,13 @@ def test_ported_config_analysis_runs_on_a_two_step_run(name):
 def test_unknown_analysis_is_named():
     with pytest.raises(ValueError, match="ANALYSIS must be one of"):
         analyses.get_analysis("nope")
+
+
+def test_hidden_norm_curve_reads_a_diverged_runs_string_nans():
+    history = [
+        {"split": "train", "step": 1, "wnorm/dense_0/kernel": 1.0, "wnorm/head/kernel": 9.0},
+        {"split": "train", "step": 2, "wnorm/dense_0/kernel": "nan", "wnorm/head/kernel": "nan"},
+        {"split": "eval", "step": 2, "accuracy": 0.1},
+    ]
+    curve = common.hidden_norm_curve(history)
+    assert curve[0] == (1, 1.0) and curve[1][0] == 2 and math.isnan(curve[1][1])

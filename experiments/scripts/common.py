@@ -81,7 +81,8 @@ def hidden_norm_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
     for r in history:
         keys = [k for k in r if k.startswith("wnorm/") and not k.startswith("wnorm/head")]
         if r["split"] == "train" and keys:
-            curve.append((int(r["step"]), float(np.mean([r[k] for k in keys]))))
+            # float(): a non-finite norm is recorded as its string ("nan", "inf")
+            curve.append((int(r["step"]), float(np.mean([float(r[k]) for k in keys]))))
     return curve
 
 
