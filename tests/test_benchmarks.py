@@ -27,8 +27,10 @@ def _run(script: str, *args: str) -> str:
     ("norms.py", TINY, ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |", "checked lines PASS"]),
     ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
     # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
-    pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()"],
-                 marks=pytest.mark.slow),
+    pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()",
+                 "| sgd + sphere_projection() | sgd |", "| radial_projection(sgd) | sgd |",
+                 "| sgdp(momentum 0.9) | sgd |", "| adamp | adamw |", "| adamwn(target 1.0) | adamw |",
+                 "train step (adamw)"], marks=pytest.mark.slow),
     # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
     pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
     pytest.param("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
