@@ -218,3 +218,96 @@ def test_a_diverging_run_reports_a_nan_loss_instead_of_crashing():
     losses = [r["loss"] for r in result.history if r["split"] == "train"]
     assert "nan" in losses or "inf" in losses
     assert np.isnan(result.summary["train_loss"])
+
+
+def _teleport_run(norm, wrap):
+    """Six loop steps of SGD momentum on a 2 x 8 MLP: lr 0.1 for updates 1-3, then 0 (so the last
+    update moves the params by the teleport alone); ``wrap``: teleport on update 6 only."""
+    optimizer = {
+        "name": "momentum",
+        "learning_rate": 0.1,
+        "momentum": 0.9,
+        "schedule": "step",
+        "boundaries": (0.5,),
+        "decay_factor": 0.0,
+    }
+    if wrap:
+        teleport = {"every": 6, "until": 6, "steps": 10, "step_size": 1.0}
+        optimizer |= {"wrappers": ("teleportation",), "wrapper_kwargs": {"teleportation": teleport}}
+    model = models.create("mlp", num_classes=3, norm=norm, depth=2, width=8)
+    return model, _run({"num_steps": 6, "optimizer": optimizer}, model=model)
+
+
+@pytest.mark.parametrize("norm", ["none", "bn"])
+def test_teleportation_wrapper_keeps_the_function_right_after_a_teleport(norm):
+    """The teleported params (update 6, after three trained updates) compute the plain run's function
+    in training mode (batch statistics) and in inference mode, while the teleport did move them and
+    raised ||grad L||^2. On the BN net the junctions are BN gamma / beta -> the next kernel: the
+    kernels feeding a BN (an inference-mode-only symmetry) are not moved."""
+    model, plain = _teleport_run(norm, wrap=False)
+    _, moved = _teleport_run(norm, wrap=True)
+    p, q = plain.state.params, moved.state.params
+    state = moved.state.opt_state
+    scales = np.concatenate([np.asarray(s) for s in state.junction_scales])
+    assert len(state.junction_scales) == 2 and np.max(np.abs(np.log(scales))) > 0.05
+    before, after = np.asarray(state.objective)
+    assert after > before > 0
+    x = _data(64, 3)["image"]
+    variables = lambda params, run: {"params": params, **run.state.model_state}
+    for train_mode in (False, True):
+        kwargs = {"mutable": ["batch_stats"]} if train_mode and norm == "bn" else {}
+        out = [
+            model.apply(variables(params, run), x, train=train_mode, **kwargs)
+            for params, run in ((p, plain), (q, moved))
+        ]
+        if kwargs:
+            out = [o[0] for o in out]
+        np.testing.assert_allclose(out[1], out[0], rtol=1e-4, atol=1e-5)
+    if norm == "bn":  # the kernel feeding BN stays; the next kernel's rows follow gamma (and beta)
+        np.testing.assert_array_equal(q["dense_0"]["kernel"], p["dense_0"]["kernel"])
+        s = np.asarray(q["dense_0_norm"]["scale"]) / np.asarray(p["dense_0_norm"]["scale"])
+        np.testing.assert_allclose(
+            q["dense_0_norm"]["bias"], s * np.asarray(p["dense_0_norm"]["bias"]), rtol=1e-5
+        )
+        np.testing.assert_allclose(q["dense_1"]["kernel"], p["dense_1"]["kernel"] / s[:, None], rtol=1e-5)
+        assert np.max(np.abs(np.log(s))) > 0.05
+    else:
+        assert not np.allclose(q["dense_0"]["kernel"], p["dense_0"]["kernel"])
+
+
+@pytest.mark.parametrize(
+    ("teleport", "message"),
+    [
+        ({}, r"wrapper_kwargs\.teleportation\.every is required"),
+        ({"every": 0}, r"wrapper_kwargs\.teleportation\.every must be an int >= 1"),
+        ({"every": 2.0}, r"wrapper_kwargs\.teleportation\.every must be an int >= 1"),
+        ({"every": 10, "until": 5}, r"wrapper_kwargs\.teleportation\.until must be None or an int >= every"),
+        ({"every": 1, "steps": -1}, r"wrapper_kwargs\.teleportation\.steps must be an int >= 0"),
+        ({"every": 1, "step_size": 0.0}, r"wrapper_kwargs\.teleportation\.step_size must be a finite"),
+        ({"every": 1, "step_size": float("nan")}, r"wrapper_kwargs\.teleportation\.step_size must be"),
+        ({"every": 1, "objective": "sharpness"}, r"wrapper_kwargs\.teleportation\.objective must be one of"),
+        ({"every": 1, "objective": len}, r"teleportation\.objective .*passes no batch"),
+        ({"every": 1, "max_scale": 1.0}, r"wrapper_kwargs\.teleportation\.max_scale must be None or"),
+        ({"every": 1, "power_of_two": 1}, r"wrapper_kwargs\.teleportation\.power_of_two must be"),
+        ({"every": 1, "evry": 2}, r"wrapper_kwargs\.teleportation has no key 'evry'"),
+    ],
+)
+def test_bad_teleportation_kwargs_fail_at_config_validation(teleport, message):
+    from jaxnorm.train.optimizers import make_optimizer
+
+    optimizer = {"name": "sgd", "wrappers": ("teleportation",), "wrapper_kwargs": {"teleportation": teleport}}
+    with pytest.raises(ValueError, match=message):
+        check_hooks({"optimizer": optimizer})
+    with pytest.raises(ValueError, match=message):
+        make_optimizer(optimizer, 10, checking=True)
+    late = {**optimizer, "wrappers": ("teleportation", "wrs")}
+    with pytest.raises(ValueError, match=r"'teleportation' must be the last wrapper"):
+        check_hooks({"optimizer": {**late, "wrapper_kwargs": {"teleportation": {"every": 1}}}})
+
+
+def test_teleportation_on_a_model_without_symmetries_fails_before_training():
+    from jaxnorm.train.setup import teleportation_spec
+
+    model = models.create("mlp", num_classes=3, norm="mp", depth=2, width=8)
+    with pytest.raises(ValueError, match=r"'teleportation': .*finds no rescaling symmetry"):
+        teleportation_spec(model, _data(8)["image"])

@@ -254,8 +254,9 @@ def check_hooks(config: Mapping[str, Any]) -> None:
     ``init_examples`` (an int >= 1, at most the train split's size), ``implicit_enorm`` (its keys
     and values; not combined with optimizer wrappers, which would rescale or project the params
     under the log-scales, nor with weight decay on ``all`` params, which would decay them), and the
-    ``enorm`` wrapper's ``c`` and ``start``."""
-    from jaxnorm.train.optimizers import check_enorm_c
+    ``enorm`` wrapper's ``c`` and ``start``, the ``teleportation`` wrapper's kwargs and its place
+    (the last wrapper)."""
+    from jaxnorm.train.optimizers import check_enorm_c, check_teleportation_kwargs, check_teleportation_last
     from jaxnorm.train.params_hooks import check_implicit_enorm, implicit_enorm_enabled
 
     limit = None
@@ -288,6 +289,11 @@ def check_hooks(config: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"config.optimizer.wrapper_kwargs.enorm.start must be an int >= 0, got {start!r}"
             )
+    if "teleportation" in wrappers:
+        check_teleportation_last(wrappers)
+        check_teleportation_kwargs(
+            dict((dict(optimizer.get("wrapper_kwargs", {}) or {})).get("teleportation", {}) or {})
+        )
 
 
 OPTIMIZER_OPTIONS: dict[str, tuple[str, ...]] = {

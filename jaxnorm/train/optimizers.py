@@ -23,11 +23,13 @@ and ``adamwn`` (Loshchilov 2023: decoupled, towards norm ``target_norm``), where
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import traverse_util
 
@@ -424,6 +426,84 @@ def _decay_to_norm(
     return optax.chain(decay, tx)
 
 
+TELEPORTATION_KEYS = (
+    "every",
+    "until",
+    "steps",
+    "step_size",
+    "objective",
+    "max_scale",
+    "power_of_two",
+    "spec",
+)
+"""The kwargs of the ``teleportation`` wrapper (those of :func:`jaxnorm.optim.teleportation`;
+``spec`` is filled in by the training loop, :func:`jaxnorm.train.setup.with_teleportation_spec`)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+def check_teleportation_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming ``optimizer.wrapper_kwargs.teleportation.<key>`` unless the
+    ``teleportation`` wrapper's kwargs are: ``every`` an int >= 1 (required); ``until`` ``None`` or
+    an int >= ``every`` (an earlier ``until`` never teleports); ``steps`` an int >= 0;
+    ``step_size`` a finite number > 0; ``objective`` a name in :data:`jaxnorm.enorm.teleport.OBJECTIVES`
+    (the training loop passes no batch to the optimizer, so a callable objective cannot be
+    evaluated); ``max_scale`` ``None`` or a number > 1; ``power_of_two`` ``None`` or a bool; no
+    other key (:data:`TELEPORTATION_KEYS`)."""
+    from jaxnorm.enorm.teleport import OBJECTIVES
+
+    what = "optimizer.wrapper_kwargs.teleportation"
+    unknown = [k for k in kwargs if k not in TELEPORTATION_KEYS]
+    if unknown:
+        raise ValueError(f"{what} has no key {unknown[0]!r}; valid: {TELEPORTATION_KEYS}")
+    if "every" not in kwargs:
+        raise ValueError(f"{what}.every is required (an int >= 1: teleport on every every-th update)")
+    every = kwargs["every"]
+    if not _is_int(every) or every < 1:
+        raise ValueError(f"{what}.every must be an int >= 1, got {every!r}")
+    until = kwargs.get("until", None)
+    if until is not None and (not _is_int(until) or until < every):
+        raise ValueError(
+            f"{what}.until must be None or an int >= every ({every}; earlier, it never teleports), "
+            f"got {until!r}"
+        )
+    steps = kwargs.get("steps", 10)
+    if not _is_int(steps) or steps < 0:
+        raise ValueError(f"{what}.steps must be an int >= 0, got {steps!r}")
+    step_size = kwargs.get("step_size", 0.1)
+    if not _is_number(step_size) or not (math.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"{what}.step_size must be a finite number > 0, got {step_size!r}")
+    objective = kwargs.get("objective", "grad_norm")
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
+        raise ValueError(
+            f"{what}.objective must be one of {OBJECTIVES} (the training loop passes no batch to the "
+            f"optimizer, so a callable objective(params, batch) cannot be used here), got {objective!r}"
+        )
+    max_scale = kwargs.get("max_scale", 16.0)
+    if max_scale is not None and (not _is_number(max_scale) or not max_scale > 1):
+        raise ValueError(f"{what}.max_scale must be None or a number > 1, got {max_scale!r}")
+    power_of_two = kwargs.get("power_of_two", None)
+    if power_of_two is not None and not isinstance(power_of_two, bool | np.bool_):
+        raise ValueError(f"{what}.power_of_two must be None, True or False, got {power_of_two!r}")
+
+
+def _teleportation(tx, context, **kwargs):
+    check_teleportation_kwargs(kwargs)
+    spec = kwargs.pop("spec", None)
+    try:
+        return optim.teleportation(tx, None if spec is None else tuple(spec), **kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer.wrapper_kwargs.teleportation: {err}") from err
+
+
 WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "wrs": _wrs,
     "wrs_state": _wrs_state,
@@ -437,6 +517,7 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "sphere_projection": _sphere_projection,
     "radial_projection": _radial_projection,
     "decay_to_norm": _decay_to_norm,
+    "teleportation": _teleportation,
 }
 """Optimizer wrappers by name: ``build(tx, context, **wrapper_kwargs) -> tx``.
 
@@ -461,11 +542,29 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 * ``decay_to_norm``: ``weight_decay * (w - target w / ||w||)`` added to the gradient before the
   optimizer (Loshchilov 2023; the L2 placement of the other optimizers' decay; for the decoupled form
   use the optimizer ``adamwn``).
+* ``teleportation``: symmetry teleportation (Zhao et al., NeurIPS 2022, Alg. 1) every ``every``
+  updates up to ``until``: the params move along the network's rescaling symmetries to maximise the
+  squared gradient norm at an unchanged loss, the optimizer's state is transported, then the
+  optimizer steps (:func:`jaxnorm.optim.teleportation`; kwargs ``every``, ``until``, ``steps``,
+  ``step_size``, ``objective`` (named only), ``max_scale``, ``power_of_two``). It wraps the whole
+  optimizer, so it is the last wrapper; the loop discovers its junctions in training and inference
+  mode (on a BN net: BN gamma / beta -> the next kernel; :func:`jaxnorm.train.setup.teleportation_spec`).
 
 ``mask`` (``kernels``, ``hidden_kernels`` or ``scale_invariant``) selects the kernels; the Norm-matters
 wrappers default to the scale-invariant ones, the others to every kernel (Liu et al. rescale the
 classifier too).
 """
+
+
+def check_teleportation_last(wrappers: Sequence[str]) -> None:
+    """Raises ``ValueError`` naming ``optimizer.wrappers`` unless ``teleportation``, if present, is
+    the last entry: it reads the raw loss gradient from its input and transports the state of
+    everything it wraps, and a later wrapper would be chained around it."""
+    if "teleportation" in wrappers and wrappers[-1] != "teleportation":
+        raise ValueError(
+            f"optimizer.wrappers={tuple(wrappers)}: 'teleportation' must be the last wrapper (it wraps the "
+            "whole optimizer and must see the raw loss gradient)"
+        )
 
 
 def _wrapper_kwargs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -520,7 +619,9 @@ def make_optimizer(
     clip = float(config.get("grad_clip_norm", 0.0))
     if clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(clip), tx)
-    for name in tuple(config.get("wrappers", ()) or ()):
+    wrappers = tuple(config.get("wrappers", ()) or ())
+    check_teleportation_last(wrappers)
+    for name in wrappers:
         build = WRAPPERS[_choice(name, WRAPPERS, "optimizer.wrappers entry")]
         kwargs = _wrapper_kwargs(config, name)
         try:

@@ -1,7 +1,8 @@
 """The optimizer a run config names, prepared for one model: what :func:`train` needs before its loop.
 
 Some optimizer wrappers need more than the config: ``enorm`` a spec of the network's rescaling
-symmetries (traced with :func:`jaxnorm.enorm.discover` when the params are not a plain chain), the
+symmetries (traced with :func:`jaxnorm.enorm.discover` when the params are not a plain chain),
+``teleportation`` the symmetries of both training and inference mode (:func:`teleportation_spec`), the
 Norm-matters wrappers masked ``"scale_invariant"`` the model's scale-invariant kernels (traced on a
 batch), and ``wd_mimicry`` the norms a reference run recorded. :func:`build_optimizer` resolves them
 and calls :func:`jaxnorm.train.optimizers.make_optimizer`. :func:`params_hook_for` builds the
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from jaxnorm.train.norm_records import load_recorded_norms, resolve_reference
@@ -55,7 +57,7 @@ def build_optimizer(
         else None
     )
     return make_optimizer(
-        with_enorm_spec(optimizer, model, images[:1]),
+        with_teleportation_spec(with_enorm_spec(optimizer, model, images[:1]), model, images),
         schedule_steps,
         scale_invariant_mask=mask,
         reference_norms=reference_norms(optimizer, workdir),
@@ -93,6 +95,68 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
         )
     enorm_kwargs["spec"] = spec
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "enorm": enorm_kwargs}}
+
+
+def _entry_key(entry: tuple) -> tuple:
+    """A hashable form of a junction entry ``(path, axis[, index])``."""
+    if len(entry) == 2:
+        return tuple(entry)
+    index = np.asarray(entry[2])
+    return (entry[0], entry[1], index.shape, index.tobytes())
+
+
+def _junction_key(junction: Any) -> tuple:
+    return (
+        frozenset(_entry_key(e) for e in junction.producers),
+        frozenset(_entry_key(e) for e in junction.consumers),
+    )
+
+
+def teleportation_spec(model: Any, images: jax.Array) -> tuple:
+    """The junctions the ``teleportation`` wrapper may move: those :func:`jaxnorm.enorm.discover`
+    finds both in training mode (BatchNorm on batch statistics, the logits only; traced on the batch
+    ``images``) and in inference mode (running statistics; on its first example).
+
+    Teleportation needs the *training* loss unchanged, so that the gradient at the teleported point
+    is ``g / m``, and the evaluated function unchanged too. On a network without normalization both
+    traces give the ReLU chain. On a BN network the inference-mode trace also offers the kernels
+    feeding a BN (a symmetry of the running-statistics affine map only, not of the training loss:
+    BN divides their scale out, so the next layer would see the compensation alone); the training-mode
+    trace offers BN's gamma / beta -> the next kernel, a symmetry in both modes. Raises
+    ``ValueError`` naming the wrapper when no junction is left (e.g. ``norm='mp'``, weight norm)."""
+    from jaxnorm.enorm import discover
+
+    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    rngs = {"dropout": jax.random.PRNGKey(0)}
+
+    def train_fn(params, x):
+        out = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"], rngs=rngs)
+        return out[0]
+
+    def eval_fn(params, x):
+        return model.apply({**variables, "params": params}, x, train=False)
+
+    trained = discover(train_fn, variables["params"], images)
+    evaluated = {_junction_key(j) for j in discover(eval_fn, variables["params"], images[:1])}
+    spec = tuple(j for j in trained if _junction_key(j) in evaluated)
+    if not spec:
+        raise ValueError(
+            "optimizer wrapper 'teleportation': jaxnorm.enorm.discover finds no rescaling symmetry of "
+            "this model in both training and inference mode (it needs ReLU-like units between two "
+            "layers, e.g. norm='none', or BN gamma / beta before a ReLU); remove the wrapper"
+        )
+    return spec
+
+
+def with_teleportation_spec(optimizer: Mapping[str, Any], model: Any, images: jax.Array) -> Mapping[str, Any]:
+    """``optimizer`` with the ``teleportation`` wrapper's spec from :func:`teleportation_spec`
+    where the config gives none."""
+    wrapper_kwargs = dict(optimizer.get("wrapper_kwargs", {}) or {})
+    kwargs = dict(wrapper_kwargs.get("teleportation", {}) or {})
+    if "teleportation" not in tuple(optimizer.get("wrappers", ()) or ()) or kwargs.get("spec") is not None:
+        return optimizer
+    kwargs["spec"] = teleportation_spec(model, images)
+    return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "teleportation": kwargs}}
 
 
 def params_hook_for(config: Mapping[str, Any], model: Any, sample: jax.Array) -> ParamsHook | None:
