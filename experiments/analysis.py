@@ -12,7 +12,10 @@ equal-variance assumption. The audit standard the verdicts follow: a difference 
 Results files (``experiments/results/<name>.json``) come in two forms:
 
 * a ``grid.py --json`` file, ``{variant: [one dict per seed with "eval_accuracy" in [0, 1]]}``;
-  group ``<name>:<variant>`` is ``100 * eval_accuracy`` over the seeds;
+  group ``<name>:<variant>`` is ``100 * eval_accuracy`` over the seeds; ``<name>:<variant>#acc@N``
+  the test accuracy (%) at the N-th evaluation of each run's ``curve`` (after epoch N with one
+  evaluation per epoch), ``<name>:<variant>#loss@N`` the mean training loss up to that evaluation
+  since the previous one (``train_curve``: epoch N's mean train loss);
 * a summary file ``{"about": ..., "groups": {group: {"values": [...]}}}`` or, where only summary
   statistics were kept, ``{"mean", "std_ddof0", "n"}`` (the population std the write-up printed,
   converted here to ddof = 1 by ``s = std_ddof0 * sqrt(n / (n - 1))``);
@@ -142,9 +145,29 @@ def group(ref: str) -> Group:
         if "values" in entry:
             return from_values(entry["values"])
         return from_population_std(entry["mean"], entry["std_ddof0"], entry["n"])
+    key, _, field = key.partition("#")
     if key not in results:
         raise ValueError(f"results {name!r} have no variant {key!r}; variants: {', '.join(results)}")
-    return from_values([100.0 * run["eval_accuracy"] for run in results[key]])
+    if not field:
+        return from_values([100.0 * run["eval_accuracy"] for run in results[key]])
+    return from_values([run_field(run, field, ref) for run in results[key]])
+
+
+_FIELD = re.compile(r"^(acc|loss)@([1-9][0-9]*)$")
+
+
+def run_field(run: dict, field: str, ref: str) -> float:
+    """``acc@N``: the test accuracy (%) at the run's N-th evaluation; ``loss@N``: its mean training
+    loss over the steps up to that evaluation since the previous one (see the module docstring)."""
+    match = _FIELD.match(field)
+    if not match:
+        raise ValueError(f"{ref!r}: a field after '#' is 'acc@N' or 'loss@N' (N >= 1), got {field!r}")
+    kind, n = match.group(1), int(match.group(2))
+    points = run.get("curve" if kind == "acc" else "train_curve")
+    if points is None or len(points) < n:
+        raise ValueError(f"{ref!r}: the run has {0 if points is None else len(points)} evaluations, not {n}")
+    value = float(points[n - 1][1])
+    return 100.0 * value if kind == "acc" else value
 
 
 def welch(a: Group, b: Group) -> tuple[float, float]:

@@ -89,6 +89,7 @@ def test_set_dotted_rejects_unknown_parent_fields():
         ("fmnist_wrs", "adamw+wrs"),
         ("fmnist_beyond", "a/adamp, tracer mask"),
         ("fmnist_beyond", "b/mp + forced wn"),
+        ("fmnist_beyond", "d/sgdm + teleport"),
         pytest.param("fmnist_norm_matters", "bwn+meanbn", marks=pytest.mark.slow),
         pytest.param("fmnist_norm_matters", "l1bn-fp16", marks=pytest.mark.slow),
     ],
@@ -432,6 +433,33 @@ def test_analysis_rejects_bad_references_naming_them():
         analysis.render("{d:writeup_transcribed:norm_matters/l2bn}")
     with pytest.raises(ValueError, match="n must be an int >= 2"):
         analysis.from_population_std(1.0, 0.1, 1)
+
+
+def test_per_epoch_fields_read_each_runs_curves():
+    """``#acc@N`` / ``#loss@N``: the N-th evaluation's test accuracy and the mean train loss since
+    the previous one; at the last epoch they equal the run summary's ``eval_accuracy`` and
+    ``train_loss`` (the loop's mean over the last epoch)."""
+    runs = analysis.load_results("fmnist_beyond")["d/sgd"]
+    final = analysis.group("fmnist_beyond:d/sgd#acc@5")
+    np.testing.assert_allclose(final, analysis.group("fmnist_beyond:d/sgd"), rtol=1e-12)
+    loss = analysis.group("fmnist_beyond:d/sgd#loss@5")
+    np.testing.assert_allclose(loss.mean, np.mean([r["train_loss"] for r in runs]), rtol=1e-6)
+    first = analysis.group("fmnist_beyond:d/sgd#acc@1")
+    np.testing.assert_allclose(first.mean, 100 * np.mean([r["curve"][0][1] for r in runs]), rtol=1e-12)
+    with pytest.raises(ValueError, match="'acc@N' or 'loss@N'"):
+        analysis.group("fmnist_beyond:d/sgd#acc1")
+    with pytest.raises(ValueError, match="the run has 5 evaluations, not 6"):
+        analysis.group("fmnist_beyond:d/sgd#loss@6")
+    history = [
+        {"split": "train", "step": 1, "loss": 2.0},
+        {"split": "train", "step": 2, "loss": 1.0},
+        {"split": "eval", "step": 2, "accuracy": 0.5},
+        {"split": "train", "step": 3, "loss": "nan"},
+        {"split": "train", "step": 4, "loss": 0.5},
+        {"split": "eval", "step": 4, "accuracy": 0.6},
+    ]
+    curve = common.train_loss_curve(history)
+    assert curve[0] == (2, 1.5) and curve[1][0] == 4 and math.isnan(curve[1][1])
 
 
 def test_norm_schedule_dips_come_from_the_untransported_running_statistics():

@@ -1,6 +1,6 @@
-"""Beyond the papers on Fashion-MNIST: AdamP vs AdamW, MP net vs BN, sphere projection vs WD.
+"""Beyond the papers on Fashion-MNIST: AdamP vs AdamW, MP net vs BN, sphere projection vs WD, teleportation.
 
-Three small comparisons of the scale-invariance toolkit (issue 18; ``docs/scale_invariance.md``), all on
+Four small comparisons of the scale-invariance toolkit (issue 18; ``docs/scale_invariance.md``), all on
 a 3 x 256 MLP, Fashion-MNIST (offline), batch 128, 5 epochs, cosine learning-rate decay, 3 seeds:
 
 * (a) AdamP vs AdamW on the BN MLP (Heo et al., ICLR 2021, Sec. 4): lr 1e-3, decoupled weight decay
@@ -16,6 +16,13 @@ a 3 x 256 MLP, Fashion-MNIST (offline), batch 128, 5 epochs, cosine learning-rat
 * (c) sphere projection vs weight decay on the BN MLP with SGD momentum 0.9, lr 0.1: no
   regularizer, L2 weight decay 5e-4 on the kernels, or every scale-invariant unit (the tracer's mask)
   put back on the unit sphere after each step (nGPT Sec. 2.6; WRS with ``tau = 1``).
+
+* (d) symmetry teleportation early in training (Zhao et al., NeurIPS 2022: teleporting to a larger
+  gradient norm early speeds up training) on the plain ReLU MLP (``norm='none'``: its
+  junctions are the ReLU units; no BN), SGD lr 0.1 (as in (c)), without and with momentum 0.9: no
+  teleport, or the ``teleportation`` wrapper (``objective='grad_norm'``) on updates 50, 100, 150 and
+  200 of the first epoch with scales in [1/2, 2] (``TELEPORT``) or [0.8, 1.25] (``TELEPORT_SMALL``).
+  Measured after epoch 1 and at the end (test accuracy, mean train loss of the epoch).
 
 ``python experiments/scripts/grid.py fmnist_beyond --json experiments/results/fmnist_beyond.json
 --seeds 0 1 2`` runs them; ``python -m experiments fmnist_beyond`` runs (c) for one seed.
@@ -37,6 +44,20 @@ _FORCED_WN = {
     "optimizer.wrappers": ("sphere_projection",),
     "optimizer.wrapper_kwargs": {"sphere_projection": {"target": "sqrt_fan_in", "mask": "hidden_kernels"}},
 }
+_PLAIN_SGD = {"model.norm": "none", "optimizer.name": "sgd"}
+_PLAIN_SGDM = {"model.norm": "none"}
+TELEPORT = {"every": 50, "until": 200, "steps": 10, "step_size": 1.0, "max_scale": 2.0}
+"""(d)'s teleportation, fixed before any run: updates 50, 100, 150, 200 (of 468 per epoch), 10 ascent
+steps of size 1 on the log-scales (at init ||grad L||^2 ~ 8.5 on a batch, and a step of 1 already
+reaches the box), each teleport's scales in [1/2, 2]."""
+TELEPORT_SMALL = {**TELEPORT, "max_scale": 1.25}
+"""The same with the box [0.8, 1.25], added after a 1-seed, 1-epoch check of ``TELEPORT`` with plain
+SGD diverged (its train loss, from update 150 on)."""
+_TELEPORT = {
+    "optimizer.wrappers": ("teleportation",),
+    "optimizer.wrapper_kwargs": {"teleportation": TELEPORT},
+}
+_TELEPORT_SMALL = {**_TELEPORT, "optimizer.wrapper_kwargs": {"teleportation": TELEPORT_SMALL}}
 VARIANTS = {
     # (a) AdamP vs AdamW, BN MLP
     "a/adamw": _ADAMW,
@@ -52,9 +73,16 @@ VARIANTS = {
     "c/sgdm": {},
     "c/sgdm + wd": {"optimizer.weight_decay": 5e-4},
     "c/sgdm + sphere": _SPHERE,
+    # (d) symmetry teleportation early in training, plain ReLU MLP
+    "d/sgd": _PLAIN_SGD,
+    "d/sgd + teleport": {**_PLAIN_SGD, **_TELEPORT},
+    "d/sgd + teleport, box 1.25": {**_PLAIN_SGD, **_TELEPORT_SMALL},
+    "d/sgdm": _PLAIN_SGDM,
+    "d/sgdm + teleport": {**_PLAIN_SGDM, **_TELEPORT},
+    "d/sgdm + teleport, box 1.25": {**_PLAIN_SGDM, **_TELEPORT_SMALL},
 }
 """grid.py variants, by comparison: ``a/`` AdamP vs AdamW, ``b/`` magnitude-preserving vs BN vs plain,
-``c/`` sphere projection vs weight decay."""
+``c/`` sphere projection vs weight decay, ``d/`` teleportation early in training (plain MLP)."""
 
 
 def get_config():

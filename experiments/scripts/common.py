@@ -86,6 +86,20 @@ def hidden_norm_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
     return curve
 
 
+def train_loss_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """``[(step, mean train loss)]`` at every evaluation: the training loss averaged over the steps
+    since the previous evaluation (with one evaluation per epoch, each epoch's mean train loss;
+    non-finite where a step of it diverged)."""
+    curve, since = [], []
+    for r in history:
+        if r["split"] == "train":
+            since.append(float(r["loss"]))  # float(): a non-finite loss is recorded as "nan" / "inf"
+        elif r["split"] == "eval" and since:
+            curve.append((int(r["step"]), float(np.mean(since))))
+            since = []
+    return curve
+
+
 def run_config(base, overrides: Mapping[str, Any], seed: int):
     """The run config of one (variant, seed): the experiment defaults, ``base``, the variant's
     ``overrides``, the seed; no progress bar, no per-run plots, no sweep."""
@@ -112,7 +126,8 @@ def run_one(
     analysis: str = "",
 ) -> dict[str, Any]:
     """One run with the library's loop: its summary plus ``final_l2``, the test-accuracy ``curve``,
-    the hidden ``norms`` curve and, with ``analysis`` (a name in
+    the per-evaluation mean training loss ``train_curve`` (:func:`train_loss_curve`), the hidden
+    ``norms`` curve and, with ``analysis`` (a name in
     :data:`experiments.scripts.analyses.ANALYSES`), that analysis's numbers under ``"analysis"``.
 
     ``workdir``: ``None`` trains in memory without checkpoints (``grid.py``); a directory trains with
@@ -142,6 +157,7 @@ def run_one(
         **result.summary,
         "final_l2": kernel_l2(result.state.params),
         "curve": evals,
+        "train_curve": train_loss_curve(result.history),
         "norms": hidden_norm_curve(result.history),
     }
     if analysis:
