@@ -52,7 +52,8 @@ def abstract(name, norm, **kwargs):
     x = jax.ShapeDtypeStruct(shape, jnp.float32)
     variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
     logits, _ = jax.eval_shape(
-        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x
+    )
     return variables, logits
 
 
@@ -89,25 +90,37 @@ def test_norms_on_cifar_nv(norm):
     check_logits(eval_logits)
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
-@pytest.mark.parametrize("norm", models.NORMS)
+def _model_norm_cases():
+    """Every (model, norm) pair; ResNet-56's are slow to trace (56 layers) and repeat ResNet-18's
+    blocks, so only its BN case stays in the quick suite."""
+    return [
+        pytest.param(name, norm, marks=[pytest.mark.slow] if name == "resnet56" and norm != "bn" else [])
+        for name in sorted(TINY)
+        for norm in models.NORMS
+    ]
+
+
+@pytest.mark.parametrize(("name", "norm"), _model_norm_cases())
 def test_every_model_with_every_norm_traces(name, norm):
     variables, logits = abstract(name, norm)
     assert logits.shape == (8, 10) and logits.dtype == jnp.float32
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables["params"]))
 
 
-@pytest.mark.parametrize(("name", "norm"), [
-    ("resnet18", "l1bn"),
-    pytest.param("vgg11", "bn", marks=pytest.mark.slow),
-    pytest.param("wrn28_10", "normprop", marks=pytest.mark.slow),
-    pytest.param("vgg16", "gn", marks=pytest.mark.slow),
-    pytest.param("resnet18", "swn", marks=pytest.mark.slow),
-    pytest.param("resnet56", "bn", marks=pytest.mark.slow),
-    pytest.param("resnet56", "ws", marks=pytest.mark.slow),
-    pytest.param("wrn28_10", "bn", marks=pytest.mark.slow),
-    pytest.param("wrn28_10", "wn", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    ("name", "norm"),
+    [
+        ("resnet18", "l1bn"),
+        pytest.param("vgg11", "bn", marks=pytest.mark.slow),
+        pytest.param("wrn28_10", "normprop", marks=pytest.mark.slow),
+        pytest.param("vgg16", "gn", marks=pytest.mark.slow),
+        pytest.param("resnet18", "swn", marks=pytest.mark.slow),
+        pytest.param("resnet56", "bn", marks=pytest.mark.slow),
+        pytest.param("resnet56", "ws", marks=pytest.mark.slow),
+        pytest.param("wrn28_10", "bn", marks=pytest.mark.slow),
+        pytest.param("wrn28_10", "wn", marks=pytest.mark.slow),
+    ],
+)
 def test_deep_models_compute(name, norm):
     _, _, logits, _, eval_logits = run(name, norm)
     check_logits(logits)
@@ -120,24 +133,28 @@ def test_imagenet_stem():
     variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
     assert variables["params"]["stem"]["kernel"].shape == (7, 7, 3, 2)
     logits, updates = jax.eval_shape(
-        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
+        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x
+    )
     assert logits.shape == (2, 7)
     assert set(updates) == {"batch_stats"}
 
 
 # Published parameter counts (no BN running statistics; BN scale and bias count as params).
-@pytest.mark.parametrize(("name", "kwargs", "shape", "classes", "expected"), [
-    # torchvision resnet18 (He et al. 2016, Table 1: 11.7M)
-    ("resnet18", dict(stem="imagenet"), (1, 224, 224, 3), 1000, 11_689_512),
-    # CIFAR ResNet-18 (3x3 stem, no max-pool), 10 classes
-    ("resnet18", dict(), (1, 32, 32, 3), 10, 11_173_962),
-    # He et al. 2016, Table 6: ResNet-56, 0.85M
-    ("resnet56", dict(), (1, 32, 32, 3), 10, 853_018),
-    # Zagoruyko & Komodakis 2016, Table 4: WRN-28-10, 36.5M
-    ("wrn28_10", dict(), (1, 32, 32, 3), 10, 36_479_194),
-    # CIFAR VGG-16 with BN, bias-free convs, one classifier
-    ("vgg16", dict(), (1, 32, 32, 3), 10, 14_724_042),
-])
+@pytest.mark.parametrize(
+    ("name", "kwargs", "shape", "classes", "expected"),
+    [
+        # torchvision resnet18 (He et al. 2016, Table 1: 11.7M)
+        ("resnet18", dict(stem="imagenet"), (1, 224, 224, 3), 1000, 11_689_512),
+        # CIFAR ResNet-18 (3x3 stem, no max-pool), 10 classes
+        ("resnet18", dict(), (1, 32, 32, 3), 10, 11_173_962),
+        # He et al. 2016, Table 6: ResNet-56, 0.85M
+        ("resnet56", dict(), (1, 32, 32, 3), 10, 853_018),
+        # Zagoruyko & Komodakis 2016, Table 4: WRN-28-10, 36.5M
+        ("wrn28_10", dict(), (1, 32, 32, 3), 10, 36_479_194),
+        # CIFAR VGG-16 with BN, bias-free convs, one classifier
+        ("vgg16", dict(), (1, 32, 32, 3), 10, 14_724_042),
+    ],
+)
 def test_published_parameter_counts(name, kwargs, shape, classes, expected):
     assert param_count(models.create(name, num_classes=classes, **kwargs), shape) == expected
 
@@ -149,9 +166,11 @@ def test_type_c_adds_a_learned_shortcut_to_every_block():
     # Type C adds a 1x1 conv (c*c) + BN (2c) to the 5 blocks whose shortcut is an identity in B.
     identity_blocks = [64, 64, 128, 256, 512]
     assert count_c - count_b == sum(c * c + 2 * c for c in identity_blocks)
-    variables = jax.eval_shape(lambda: models.create(
-        "resnet18", num_classes=10, shortcut="C", width=4).init(KEY, jnp.zeros(shape),
-                                                                  train=False))
+    variables = jax.eval_shape(
+        lambda: models.create("resnet18", num_classes=10, shortcut="C", width=4).init(
+            KEY, jnp.zeros(shape), train=False
+        )
+    )
     blocks = {k: v for k, v in variables["params"].items() if "block" in k}
     assert len(blocks) == 8 and all("shortcut" in b for b in blocks.values())
 
@@ -186,8 +205,12 @@ def test_enorm_balance_preserves_the_unnormalized_mlp_and_cifar_nv():
         model, variables, *_ = run(name, "none")
         x = jax.random.normal(jax.random.key(2), TINY[name][1])
         balanced = enorm.enorm_balance(variables, cycles=3)
-        np.testing.assert_allclose(model.apply(balanced, x, train=False),
-                                   model.apply(variables, x, train=False), rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(
+            model.apply(balanced, x, train=False),
+            model.apply(variables, x, train=False),
+            rtol=2e-4,
+            atol=2e-5,
+        )
 
 
 def test_final_bn():
@@ -224,16 +247,18 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 
 def test_wrn_dropout_needs_an_rng_only_in_training():
-    model = models.create("wrn28_10", num_classes=10, depth=10, widen_factor=1,
-                          dropout_rate=0.3)
+    model = models.create("wrn28_10", num_classes=10, depth=10, widen_factor=1, dropout_rate=0.3)
     x = jax.ShapeDtypeStruct((2, 4, 4, 3), jnp.float32)
     variables = jax.eval_shape(lambda x: model.init(KEY, x, train=False), x)
     with pytest.raises(Exception, match="dropout"):
-        jax.eval_shape(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]),
-                       variables, x)
+        jax.eval_shape(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
     out, _ = jax.eval_shape(
-        lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"],
-                                 rngs={"dropout": jax.random.key(3)}), variables, x)
+        lambda v, x: model.apply(
+            v, x, train=True, mutable=["batch_stats"], rngs={"dropout": jax.random.key(3)}
+        ),
+        variables,
+        x,
+    )
     assert out.shape == (2, 10)
 
 
@@ -245,27 +270,35 @@ def test_groups_for():
     assert groups_for(3, 32) == 1
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda: models.create("resnet50", num_classes=10), "resnet18"),
-    (lambda: models.create("mlp", num_classes=10, norm="batchnorm"), "l1bn"),
-    (lambda: models.create("mlp", num_classes=10, widht=3), "width"),
-    (lambda: models.create("mlp", num_classes=0), "num_classes"),
-    (lambda: models.create("mlp", num_classes=10, kernel_init="he"), "kaiming"),
-    (lambda: models.create("mlp", num_classes=10, num_groups=0), "num_groups"),
-    (lambda: models.create("mlp", num_classes=10, bn_momentum=1.0), "bn_momentum"),
-    (lambda: models.create("mlp", num_classes=10, norm="linfbn", calibration="exactly"),
-     "calibration.*'exact'"),
-    (lambda: models.create("mlp", num_classes=10, norm="wn", g_init="zeros"), "g_init.*'data'"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: models.create("resnet50", num_classes=10), "resnet18"),
+        (lambda: models.create("mlp", num_classes=10, norm="batchnorm"), "l1bn"),
+        (lambda: models.create("mlp", num_classes=10, widht=3), "width"),
+        (lambda: models.create("mlp", num_classes=0), "num_classes"),
+        (lambda: models.create("mlp", num_classes=10, kernel_init="he"), "kaiming"),
+        (lambda: models.create("mlp", num_classes=10, num_groups=0), "num_groups"),
+        (lambda: models.create("mlp", num_classes=10, bn_momentum=1.0), "bn_momentum"),
+        (
+            lambda: models.create("mlp", num_classes=10, norm="linfbn", calibration="exactly"),
+            "calibration.*'exact'",
+        ),
+        (lambda: models.create("mlp", num_classes=10, norm="wn", g_init="zeros"), "g_init.*'data'"),
+    ],
+)
 def test_bad_arguments_raise_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(shortcut="D"), "shortcut"),
-    (dict(stem="tiny"), "stem"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(shortcut="D"), "shortcut"),
+        (dict(stem="tiny"), "stem"),
+    ],
+)
 def test_bad_resnet_options(kwargs, match):
     model = models.create("resnet18", num_classes=10, width=2, **kwargs)
     with pytest.raises(ValueError, match=match):
@@ -325,14 +358,16 @@ def _batch_norm_calibrations(model, shape):
 def test_calibration_reaches_every_linf_batch_norm(norm):
     tiny, shape = TINY["cifar_nv"]
     for calibration in ("paper", "exact"):
-        model = models.create("cifar_nv", num_classes=10, norm=norm, calibration=calibration,
-                              **tiny, **NORM_OPTIONS)
+        model = models.create(
+            "cifar_nv", num_classes=10, norm=norm, calibration=calibration, **tiny, **NORM_OPTIONS
+        )
         found = _batch_norm_calibrations(model, shape)
         assert len(found) == 8 and set(found.values()) == {calibration}, found
     # The two constants differ, so the train-mode outputs do (the same params).
     _, variables, paper, *_ = run("mlp", norm, calibration="paper")
-    exact_model = models.create("mlp", num_classes=10, norm=norm, calibration="exact",
-                                **TINY["mlp"][0], **NORM_OPTIONS)
+    exact_model = models.create(
+        "mlp", num_classes=10, norm=norm, calibration="exact", **TINY["mlp"][0], **NORM_OPTIONS
+    )
     x = jax.random.normal(jax.random.key(1), TINY["mlp"][1])
     exact, _ = exact_model.apply(variables, x, train=True, mutable=["batch_stats"])
     assert not np.allclose(paper, exact, rtol=1e-3)
