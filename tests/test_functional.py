@@ -491,6 +491,12 @@ def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
     )
     for a, b in zip(fast, general, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    # one argument at a time: the others' tangents are symbolic zeros (the input-only gradient takes the
+    # plain form, no distinct copies), and each gradient must equal its part of the full one
+    for i in argnums:
+        alone = jax.grad(lambda *a: jnp.sum(norm(*a) * ct), argnums=i)(x, *params)
+        np.testing.assert_allclose(alone, fast[i], rtol=1e-12, atol=1e-14)
+    check_grads(lambda x: norm(x, *params), (x,), order=2, modes=["fwd", "rev"], eps=1e-6)
 
 
 def test_check_grads_topk_ghost_masked(x64):
