@@ -43,7 +43,7 @@ import sys
 import jax
 import jax.numpy as jnp
 from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
-from norms import DTYPES, MALLOC_REUSE, SHAPES, _parse_dtypes, _parse_shapes, _shape_text
+from norms import DTYPES, MALLOC_REUSE, SHAPES, parse_dtypes, parse_shapes, shape_text
 
 REPEATS = 15
 AXES = (0, 1, 2)
@@ -104,9 +104,9 @@ def _floor_l1(x, scale, bias):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", type=_parse_shapes, default=SHAPES,
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
                         help="comma-separated NxHxWxC input shapes (default: 128x32x32x64,64x16x16x256)")
-    parser.add_argument("--dtypes", type=_parse_dtypes, default=DTYPES,
+    parser.add_argument("--dtypes", type=parse_dtypes, default=DTYPES,
                         help="comma-separated input dtypes (default: float32,bfloat16)")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall (default) or cpu: process CPU time, pinned to one core (see norms.py)")
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios += f" | {paired_ratio(t['floor_l1'], t['floor_separate']):.2f}"
             noise = max(v.spread for v in t.values())
             copy_ms = t["copy"].median * 1e3
-            print(f"| {_shape_text(shape)} | {dtype} | {copy_ms:.2f} | {ratios} | ±{noise:.0%} |", flush=True)
+            print(f"| {shape_text(shape)} | {dtype} | {copy_ms:.2f} | {ratios} | ±{noise:.0%} |", flush=True)
     return 0
 
 

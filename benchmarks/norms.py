@@ -132,7 +132,7 @@ class Result:
         return "FAIL" if self.failures else "PASS"
 
 
-def _passes(module: fnn.Module, batch_stats: bool) -> tuple[Callable, Callable, Callable]:
+def passes(module: fnn.Module, batch_stats: bool) -> tuple[Callable, Callable, Callable]:
     """Jitted ``forward(variables, x)``, ``train(variables, x, cotangent)`` (gradient with respect to the
     params and ``x``) and ``input_gradient(variables, x, cotangent)`` (with respect to ``x`` alone) of
     ``module``."""
@@ -172,7 +172,7 @@ def bench_row(row: Row, x: jnp.ndarray, cotangent: jnp.ndarray, timing_kw: dict)
     for side, factory in (("ours", row.ours), ("flax", row.flax)):
         module = factory(x.dtype)
         variables = module.init(jax.random.key(0), x)
-        forward, train, input_gradient = _passes(module, row.batch_stats)
+        forward, train, input_gradient = passes(module, row.batch_stats)
         candidates[side] = (
             lambda f=forward, v=variables: f(v, x),
             lambda f=train, v=variables: f(v, x, cotangent),
@@ -215,18 +215,18 @@ def format_row(r: Result) -> str:
     """One Markdown table line; ``noise`` is the largest relative half-IQR of the three candidates."""
     noise = max(r.ours.spread, r.flax.spread, r.copy.spread)
     return (
-        f"| {_shape_text(r.shape)} | {r.dtype} | {r.row} | {r.kind} "
+        f"| {shape_text(r.shape)} | {r.dtype} | {r.row} | {r.kind} "
         f"| {r.ours.median * 1e3:.2f} | {r.flax.median * 1e3:.2f} | {r.copy.median * 1e3:.2f} "
         f"| {r.vs_flax:.2f} | {r.vs_copy:.2f} | {r.flax_vs_copy:.2f} | ±{noise:.0%} | {_target_text(r)} "
         f"| {r.verdict} |"
     )
 
 
-def _shape_text(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape))
 
 
-def _parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
+def parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
     try:
         shapes = tuple(tuple(int(d) for d in s.split("x")) for s in text.split(","))
     except ValueError:
@@ -242,7 +242,7 @@ def _parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
     return shapes
 
 
-def _parse_dtypes(text: str) -> tuple[str, ...]:
+def parse_dtypes(text: str) -> tuple[str, ...]:
     dtypes = tuple(text.split(","))
     for d in dtypes:
         if d not in ("float32", "bfloat16", "float16"):
@@ -250,7 +250,7 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
     return dtypes
 
 
-def _parse_rows(text: str) -> tuple[Row, ...]:
+def parse_rows(text: str) -> tuple[Row, ...]:
     by_name = {row.name: row for row in ROWS}
     names = text.split(",")
     for name in names:
@@ -262,11 +262,11 @@ def _parse_rows(text: str) -> tuple[Row, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help=f"a smoke run under a minute: {_shape_text(QUICK_SHAPE)} {QUICK_DTYPE} only "
+                        help=f"a smoke run under a minute: {shape_text(QUICK_SHAPE)} {QUICK_DTYPE} only "
                              f"(unless --shapes / --dtypes say otherwise), {QUICK_REPEATS} repeats")
-    parser.add_argument("--shapes", type=_parse_shapes, default=None,
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated NxHxWxC input shapes (default: 128x32x32x64,64x16x16x256)")
-    parser.add_argument("--dtypes", type=_parse_dtypes, default=None,
+    parser.add_argument("--dtypes", type=parse_dtypes, default=None,
                         help="comma-separated input dtypes (default: float32,bfloat16)")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall: elapsed time (default). cpu: process CPU time, the process pinned to one "
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                              "reused: kernel time, not page faults. default: glibc's settings")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"samples per candidate (default: {QUICK_REPEATS} with --quick, else {REPEATS})")
-    parser.add_argument("--rows", type=_parse_rows, default=ROWS,
+    parser.add_argument("--rows", type=parse_rows, default=ROWS,
                         help="comma-separated row names to run, exact (default: all): "
                              + ", ".join(repr(r.name) for r in ROWS))
     argv = sys.argv[1:] if argv is None else argv
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(checked) - len(failed)}/{len(checked)} checked lines PASS "
           f"({time.perf_counter() - start:.0f} s)")
     for r in failed:
-        print(f"FAIL {_shape_text(r.shape)} {r.dtype} {r.row} {r.kind}: {'; '.join(r.failures)}")
+        print(f"FAIL {shape_text(r.shape)} {r.dtype} {r.row} {r.kind}: {'; '.join(r.failures)}")
     return 0
 
 

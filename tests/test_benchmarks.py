@@ -26,6 +26,11 @@ def _run(script: str, *args: str) -> str:
 @pytest.mark.parametrize(("script", "args", "expected"), [
     ("norms.py", TINY, ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |", "checked lines PASS"]),
     ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
+    # two layers only: every form is traced and compiled once per pass (~40 s on 2 cores for these two)
+    ("platform_forms.py", [*TINY, "--rows", "LayerNorm,BatchNorm p=1"],
+     ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd | dispersion_l1.distinct |",
+      "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | normalize.separate_reads |",
+      "| form | programs reached | best gain | worst gain | verdict |"]),
     # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
     pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()",
                  "| sgd + sphere_projection() | sgd |", "| radial_projection(sgd) | sgd |",

@@ -275,6 +275,32 @@ def test_float32_statistics_accurate_whatever_the_mean(p, offset):
     np.testing.assert_allclose(sigma, np.sqrt(want_var), rtol=2e-5 if offset < 1e5 else 5e-3)
 
 
+@pytest.mark.parametrize("offset", [0.5, 5.0, 50.0, 1e5])
+def test_float32_layer_norm_rows_accurate_whatever_the_mean(offset):
+    """Layer norm over the last axis (its own row statistics): below CONDITION_LIMIT the one-pass raw
+    sums are kept, above it the shifted pass runs; the output and the input gradient must match float64
+    on the same float32 data."""
+    signs = np.array([1.0, -1.0, 0.5, -2.0, 1.5, -0.25])
+    x = (normal((6, 256), seed=31) + offset * signs[:, None]).astype(np.float32)
+    cotangent = normal((6, 256), seed=32)
+
+    def value_and_grad(x):
+        ct = jnp.asarray(cotangent, x.dtype)
+        return jax.value_and_grad(lambda x: jnp.sum(F.layer_norm(x, epsilon=1e-12) * ct))(x), F.layer_norm(
+            x, epsilon=1e-12
+        )
+
+    (_, got_grad), got = value_and_grad(jnp.asarray(x))
+    with oracles.float64():
+        (_, want_grad), want = value_and_grad(jnp.asarray(x, jnp.float64))
+    want = np.asarray(want)
+    np.testing.assert_allclose(want.std(axis=-1), 1.0, rtol=1e-9)
+    # the float32 mean is known to ulp(mean) / 2 (0.004 std at 1e5), which every output inherits
+    atol = 2 * np.spacing(np.float32(2 * offset)) + 2e-5
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=0, atol=max(atol, 1e-4) * np.abs(want_grad).max())
+
+
 @pytest.mark.parametrize("p", P_VALUES)
 def test_float32_gradients_accurate_in_cancellation_case(p):
     """Mean 1000 std: the float32 gradient of batch norm equals the float64 one on the same data.
@@ -465,6 +491,12 @@ def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
     )
     for a, b in zip(fast, general, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    # one argument at a time: the others' tangents are symbolic zeros (the input-only gradient takes the
+    # plain form, no distinct copies), and each gradient must equal its part of the full one
+    for i in argnums:
+        alone = jax.grad(lambda *a: jnp.sum(norm(*a) * ct), argnums=i)(x, *params)
+        np.testing.assert_allclose(alone, fast[i], rtol=1e-12, atol=1e-14)
+    check_grads(lambda x: norm(x, *params), (x,), order=2, modes=["fwd", "rev"], eps=1e-6)
 
 
 def test_check_grads_topk_ghost_masked(x64):

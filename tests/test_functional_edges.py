@@ -41,6 +41,19 @@ def test_issue_examples_are_zero():
     np.testing.assert_array_equal(F.layer_norm(jnp.full((2, 16), 1.2345678e6)), 0.0)
 
 
+@pytest.mark.parametrize("value", CONSTANTS)
+def test_constant_row_among_others_is_zero_and_gradient_finite(value):
+    """Layer norm over the last axis: one constant row sends every row through the shifted pass, and the
+    ordinary rows keep their values (float64 oracle)."""
+    x = jax.random.normal(jax.random.key(4), (5, 64)).at[3].set(value)
+    y, vjp = jax.vjp(F.layer_norm, x)
+    np.testing.assert_array_equal(y[3], 0.0)
+    assert bool(jnp.all(jnp.isfinite(vjp(jnp.cos(y))[0])))
+    others = np.asarray(x, np.float64)[[0, 1, 2, 4]]
+    want = (others - others.mean(-1, keepdims=True)) / np.sqrt(others.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y[np.array([0, 1, 2, 4])], want, rtol=0, atol=2e-5)
+
+
 def test_constant_channel_among_others_is_zero_and_gradient_finite():
     x = jax.random.normal(jax.random.key(0), (32, 4)).at[:, 2].set(12345.678)
     for p in P_VALUES:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional.platform import distinct, separate_reads
+from jaxnorm.functional.platform import separate_reads
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -114,7 +114,7 @@ def _mean_m2(
     x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Mean and M2 of ``x`` (unmasked elements, statistics dtype) over ``axes``; see :func:`local_moments`."""
-    return _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=False)
+    return _mean_m2_value(x, count, mask, axes, one_pass)
 
 
 def _mean_m2_value(
@@ -123,12 +123,8 @@ def _mean_m2_value(
     mask: jnp.ndarray | None,
     axes: tuple[int, ...],
     one_pass: bool,
-    *,
-    opaque_mean: bool,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """:func:`_mean_m2`'s value. ``opaque_mean`` centres on a ``distinct`` copy of the mean: under
-    differentiation the mean has other full-size consumers, and XLA would otherwise write ``x - mean``
-    out; without it, a row's whole normalization stays one fused kernel."""
+    """:func:`_mean_m2`'s value."""
     safe_count = jnp.maximum(count, 1)
     last_axis = x.ndim - 1 in axes
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
@@ -147,26 +143,20 @@ def _mean_m2_value(
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
         return mean + d_total / safe_count, jnp.maximum(m2, 0)
 
-    if last_axis:
-        return shifted_pass(distinct(mean) if opaque_mean else mean)
-    if not one_pass:
-        return shifted_pass(distinct(mean))
+    if last_axis or not one_pass:
+        return shifted_pass(mean)
     raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
     well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
-    return lax.cond(
-        well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), lambda: shifted_pass(distinct(mean))
-    )
+    return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), lambda: shifted_pass(mean))
 
 
 @_mean_m2.defjvp
 def _mean_m2_jvp(axes, one_pass, primals, tangents):
     x, count, mask = primals
     values_dot = _widen(tangents[0], mask)
-    mean, m2 = _mean_m2_value(x, count, mask, axes, one_pass, opaque_mean=True)
+    mean, m2 = _mean_m2_value(x, count, mask, axes, one_pass)
     mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
-    # a distinct copy of the mean: ``x - mean`` is then not shared with the caller's ``x - mean``,
-    # which XLA would write to memory rather than recompute inside each of the two reductions
-    deviation = x.astype(mean.dtype) - distinct(mean, tag=1)
+    deviation = x.astype(mean.dtype) - mean
     m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)
     return (mean, m2), (mean_dot, m2_dot)
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jaxnorm.functional._checks import (
     PNorm,
@@ -31,9 +32,9 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import dispersion_moments
-from jaxnorm.functional.moments import ChannelGroups, stats_dtype
+from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.platform import distinct
+from jaxnorm.functional.platform import distinct, separate_reads
 
 __all__ = [
     "RELU_MEAN",
@@ -133,8 +134,9 @@ def _last_axis_norm(
     x: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray, epsilon: float, centred: bool = True
 ) -> jnp.ndarray:
     """Layer norm (``centred``) or RMS norm over the last axis: ``xhat * scale + bias`` with
-    ``xhat = (x - mean) * rsqrt(var + eps)`` and the exact two-pass ``var = mean((x - mean)^2)``, or
-    ``xhat = x * rsqrt(mean(x^2) + eps)`` (XLA fuses a row's normalization into one kernel).
+    ``xhat = (x - mean) * rsqrt(var + eps)`` (``var`` accurate whatever the mean: :func:`_row_statistics`),
+    or ``xhat = x * rsqrt(mean(x^2) + eps)``, computed in float32 (or wider) whatever the dtype of ``x``:
+    ``x`` is widened where it is read, so a half-precision ``x`` is never copied to memory as float32.
 
     Custom JVP (Ba et al. 2016, Sec. 3, differentiated): with ``m(.)`` the mean over the last axis,
     ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))`` (RMS: without ``m(dx)``); its
@@ -145,45 +147,76 @@ def _last_axis_norm(
     ``docs/benchmarks.md``).
     """
     mean, inv = _row_statistics(x, epsilon, centred)
-    return _centre(x, mean) * (inv * scale) + bias
+    return _centre(_widen(x), mean) * (inv * scale) + bias
+
+
+def _widen(x: jnp.ndarray) -> jnp.ndarray:
+    return x.astype(stats_dtype(x))
 
 
 def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
     """The row mean (None unless ``centred``) and ``rsqrt`` of the row variance (or mean square) + eps.
 
-    Centred: the plain mean ``m = mean(x)``, then one pass over ``d = x - m`` for both its mean and
-    its mean square (the shifted-data algorithm about ``m``): ``mean = m + mean(d)`` and
-    ``var = mean(d^2) - mean(d)^2``. A constant row has the exact mean (its ``d`` is one constant) and
-    normalizes to exactly 0; XLA still fuses the row's normalization into one kernel.
+    Centred: one pass for ``m = mean(x)`` and ``var = mean(x^2) - m^2`` (the two sums XLA fuses with the
+    row's normalization), kept when every row is well conditioned, ``m^2 <= CONDITION_LIMIT * var``
+    (at most 5 bits lost to cancellation; see :data:`~jaxnorm.functional.moments.CONDITION_LIMIT`).
+    Otherwise (a large mean, or a constant non-zero row, whose ``var`` is rounding noise) a
+    :func:`jax.lax.cond` takes the shifted-data pass about ``m`` (Chan et al. 1983): ``d = x - m``,
+    ``mean = m + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation ``d``,
+    so its mean comes out exact and it normalizes to exactly 0. Each pass widens ``x`` itself (the
+    :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
+    half-precision ``x`` is not copied to memory as float32.
     """
     if not centred:
-        return None, lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + epsilon)
-    rough = jnp.mean(x, -1, keepdims=True)
-    d = x - rough
-    correction = jnp.mean(d, -1, keepdims=True)
-    var = jnp.maximum(jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction), 0)
-    return rough + correction, lax.rsqrt(var + epsilon)
+        return None, lax.rsqrt(jnp.mean(jnp.square(_widen(x)), -1, keepdims=True) + epsilon)
+    sum_source, square_source = separate_reads(x, 2)
+    rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
+    raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
+
+    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        d = _widen(x) - rough
+        correction = jnp.mean(d, -1, keepdims=True)
+        return rough + correction, jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
+
+    well_conditioned = jnp.all(jnp.square(rough) <= CONDITION_LIMIT * raw_var)
+    mean, var = lax.cond(well_conditioned, lambda: (rough, raw_var), shifted_pass)
+    return mean, lax.rsqrt(jnp.maximum(var, 0) + epsilon)
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
     return x if mean is None else x - mean
 
 
-@_last_axis_norm.defjvp
 def _last_axis_norm_jvp(epsilon, centred, primals, tangents):
     x, scale, bias = primals
-    x_dot, scale_dot, bias_dot = tangents
+    x_dot, scale_dot, bias_dot = (_instantiate(t) for t in tangents)
     mean, inv = _row_statistics(x, epsilon, centred)
+    x, x_dot = _widen(x), _widen(x_dot)
     y = _centre(x, mean) * (inv * scale) + bias
+    # scale not differentiated (symbolic-zero tangent: the input-only gradient): the plain form, which
+    # platform_forms.py measures faster there; otherwise distinct copies, faster for the full gradient
+    opaque = not isinstance(tangents[1], SymbolicZero)
 
     def xhat(tag: int) -> jnp.ndarray:
         # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
         # shared ``x - mean`` or broadcast ``inv`` to memory; this way only the gradient is written
+        if not opaque:
+            return _centre(x, mean) * inv
         return _centre(x, None if mean is None else distinct(mean, tag)) * distinct(inv, tag)
 
     x_dot_centred = _centre(x_dot, None if mean is None else jnp.mean(x_dot, -1, keepdims=True))
     xhat_dot = inv * (x_dot_centred - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
-    return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
+    if opaque:
+        return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
+    return y, xhat_dot * scale + bias_dot
+
+
+_last_axis_norm.defjvp(_last_axis_norm_jvp, symbolic_zeros=True)
+
+
+def _instantiate(tangent):
+    """A symbolic-zero tangent (an input not differentiated) as an array of zeros."""
+    return jnp.zeros(tangent.shape, tangent.dtype) if isinstance(tangent, SymbolicZero) else tangent
 
 
 def per_example_norm(
@@ -210,10 +243,9 @@ def per_example_norm(
     mask = check_mask(mask, x)
     plain = mask is None and groups is None and axis_name is None
     if p == 2 and axes == (x.ndim - 1,) and plain:
-        values = x.astype(stats_dtype(x))
-        ones = jnp.ones((), values.dtype)
+        ones = jnp.ones((), stats_dtype(x))
         y = _last_axis_norm(
-            values,
+            x,
             ones if scale is None else scale,
             jnp.zeros((), ones.dtype) if bias is None else bias,
             epsilon,
