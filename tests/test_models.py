@@ -90,11 +90,15 @@ def test_norms_on_cifar_nv(norm):
     check_logits(eval_logits)
 
 
+SLOW_TO_TRACE = ("resnet56", "wrn28_10", "vgg16")
+"""Deep or wide variants of blocks the other models share: BN only in the quick suite."""
+
+
 def _model_norm_cases():
-    """Every (model, norm) pair; ResNet-56's are slow to trace (56 layers) and repeat ResNet-18's
-    blocks, so only its BN case stays in the quick suite."""
+    """Every (model, norm) pair; those of :data:`SLOW_TO_TRACE` other than BN run with the slow suite
+    (the MLP, CIFAR-NV, VGG-11 and ResNet-18 cover every norm in the quick one)."""
     return [
-        pytest.param(name, norm, marks=[pytest.mark.slow] if name == "resnet56" and norm != "bn" else [])
+        pytest.param(name, norm, marks=[pytest.mark.slow] if name in SLOW_TO_TRACE and norm != "bn" else [])
         for name in sorted(TINY)
         for norm in models.NORMS
     ]
