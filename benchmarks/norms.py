@@ -259,6 +259,13 @@ def parse_rows(text: str) -> tuple[Row, ...]:
     return tuple(by_name[name] for name in names)
 
 
+def bench_inputs(shape: tuple[int, ...], dtype) -> tuple[jax.Array, jax.Array]:
+    """The input (mean 1, std 2) and the cotangent every layer is timed on, seeded by the shape."""
+    kx, kc = jax.random.split(jax.random.key(math.prod(shape)))
+    x = (1.0 + 2.0 * jax.random.normal(kx, shape)).astype(dtype)
+    return x, jax.random.normal(kc, shape).astype(dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -306,9 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for shape in shapes:
         for dtype in dtypes:
-            kx, kc = jax.random.split(jax.random.key(math.prod(shape)))
-            x = (1.0 + 2.0 * jax.random.normal(kx, shape)).astype(dtype)
-            cotangent = jax.random.normal(kc, shape).astype(dtype)
+            x, cotangent = bench_inputs(shape, dtype)
             for row in args.rows:
                 for result in bench_row(row, x, cotangent, timing_kw):
                     results.append(result)

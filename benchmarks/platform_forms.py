@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -289,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     gains = []
     for shape in shapes:
         for dtype in dtypes:
-            kx, kc = jax.random.split(jax.random.key(math.prod(shape)))
-            x = (1.0 + 2.0 * jax.random.normal(kx, shape)).astype(dtype)
-            cotangent = jax.random.normal(kc, shape).astype(dtype)
+            x, cotangent = norms.bench_inputs(shape, dtype)
             for row in args.rows:
                 for gain in bench_row(row, forms, x, cotangent, timing_kw):
                     gains.append(gain)
