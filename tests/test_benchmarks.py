@@ -17,30 +17,67 @@ TINY = ["--shapes", "4x4x4x32", "--dtypes", "float32,bfloat16", "--repeats", "2"
 
 
 def _run(script: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
-                            text=True, timeout=600, cwd=BENCHMARKS.parent)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=BENCHMARKS.parent,
+    )
     assert result.returncode == 0, f"{script} exited with {result.returncode}:\n{result.stderr[-3000:]}"
     return result.stdout
 
 
-@pytest.mark.parametrize(("script", "args", "expected"), [
-    ("norms.py", TINY, ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |", "checked lines PASS"]),
-    ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
-    # two layers only: every form is traced and compiled once per pass (~40 s on 2 cores for these two)
-    ("platform_forms.py", [*TINY, "--rows", "LayerNorm,BatchNorm p=1"],
-     ["| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd | dispersion_l1.distinct |",
-      "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | normalize.separate_reads |",
-      "| form | programs reached | best gain | worst gain | verdict |"]),
-    # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
-    pytest.param("optim.py", ["--quick"], ["sgd + weight_rescaling(20)", "sgd + bwn_projection()",
-                 "| sgd + sphere_projection() | sgd |", "| radial_projection(sgd) | sgd |",
-                 "| sgdp(momentum 0.9) | sgd |", "| adamp | adamw |", "| adamwn(target 1.0) | adamw |",
-                 "train step (adamw)"], marks=pytest.mark.slow),
-    # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
-    pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
-    pytest.param("enorm.py", ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
-                 ["SGD-momentum step (anchor)", "enorm(sgd) full step"], marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        # two layers: the script end to end, without compiling every layer (the full table: benchmarks/)
+        (
+            "norms.py",
+            [*TINY, "--rows", "BatchNorm p=1,LayerNorm"],
+            [
+                "| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd |",
+                "| 4x4x4x32 | float32 | LayerNorm | fwd |",
+                "checked lines PASS",
+            ],
+        ),
+        ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
+        # two layers only: every form is traced and compiled once per pass (~40 s on 2 cores for these two)
+        (
+            "platform_forms.py",
+            [*TINY, "--rows", "LayerNorm,BatchNorm p=1"],
+            [
+                "| 4x4x4x32 | bfloat16 | BatchNorm p=1 | fwd+bwd | dispersion_l1.distinct |",
+                "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | normalize.separate_reads |",
+                "| form | programs reached | best gain | worst gain | verdict |",
+            ],
+        ),
+        # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
+        pytest.param(
+            "optim.py",
+            ["--quick"],
+            [
+                "sgd + weight_rescaling(20)",
+                "sgd + bwn_projection()",
+                "| sgd + sphere_projection() | sgd |",
+                "| radial_projection(sgd) | sgd |",
+                "| sgdp(momentum 0.9) | sgd |",
+                "| adamp | adamw |",
+                "| adamwn(target 1.0) | adamw |",
+                "train step (adamw)",
+            ],
+            marks=pytest.mark.slow,
+        ),
+        # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
+        pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
+        pytest.param(
+            "enorm.py",
+            ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
+            ["SGD-momentum step (anchor)", "enorm(sgd) full step"],
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_benchmark_script_runs(script, args, expected):
     output = _run(script, *args)
     assert "date: " in output.splitlines()[0], output[:500]  # the machine and date head every table

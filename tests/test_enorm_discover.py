@@ -46,7 +46,14 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("name", sorted(ARCHS))
+# the three largest float64 networks run with the slow suite (together ~75 s of a loaded 2-core CI run);
+# the float32 test keeps a ResNet and the CNN quick
+SLOW_FLOAT64 = {"resnet_c", "resnet_id_bn", "vgg"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_FLOAT64 else []) for n in sorted(ARCHS)]
+)
 def test_discovered_spec_preserves_function_float64(x64, name):
     model, variables, x, spec = build(name, jnp.float64)
     assert len(spec) > 0

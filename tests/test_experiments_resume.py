@@ -144,8 +144,14 @@ def test_ported_config_builds_and_every_variant_passes_the_checks(name):
             raise AssertionError(f"{name} / {variant}: {e}") from e
 
 
+# the three heaviest (25-50 s each on a loaded 2-core CI run) run with the slow suite
+SLOW_PORTED = {"fmnist_hessian_lr", "fmnist_swn_depth", "fmnist_wn_init"}
+
+
 @needs_fmnist
-@pytest.mark.parametrize("name", sorted(PORTED))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_PORTED else []) for n in sorted(PORTED)]
+)
 def test_ported_config_analysis_runs_on_a_two_step_run(name):
     variant, analysis = PORTED[name]
     module = common.load_module(name)
