@@ -12,7 +12,7 @@ per-unit norm of the first and last hidden kernels and the classifier, and the f
 with a non-finite loss. ``python experiments/scripts/grid.py fmnist_enorm_c_depth --seeds 0``.
 """
 
-from jaxnorm.train.experiment import experiment_defaults
+from experiments.configs.fmnist_enorm_depth import depth_sweep_setting
 
 
 def _enorm(c, **kwargs):
@@ -34,26 +34,11 @@ ANALYSIS = "unit_norms"
 
 
 def get_config():
-    config = experiment_defaults()
+    config = depth_sweep_setting()
     config.description = __doc__.splitlines()[0]
     config.workdir = "runs/fmnist_enorm_c_depth"
-    config.model.name = "mlp"
-    config.model.norm = "none"
-    config.model.kwargs = {"depth": 16, "width": 256, "kernel_init": "xavier"}
-    config.dataset.name = "fashion_mnist"
-    config.dataset.batch_size = 256
-    config.num_epochs = 3.0
+    config.model.kwargs.depth = 16
     config.log_every = 10
-    config.checkpoint_every = 0
-    config.optimizer.update(
-        {
-            "name": "sgd",
-            "learning_rate": 0.05,
-            "schedule": "linear",
-            "weight_decay": 1e-3,
-            "weight_decay_mask": "kernels",
-            "wrappers": ("enorm",),
-            "wrapper_kwargs": {"enorm": {"c": 1.2}},
-        }
-    )
+    config.optimizer.wrappers = ("enorm",)
+    config.optimizer.wrapper_kwargs = {"enorm": {"c": 1.2}}
     return config

@@ -23,10 +23,11 @@ VARIANTS = {
 """grid.py variants (the model's depth comes from the base config or ``--set model.kwargs.depth=``)."""
 
 
-def get_config():
+def depth_sweep_setting():
+    """The setting the ENorm Fashion-MNIST configs share (this sweep, ``fmnist_enorm_c_depth``,
+    ``fmnist_implicit_enorm``): a ``depth`` x 256 ReLU MLP without normalization, Xavier init, SGD without
+    momentum, batch 256, lr 0.05 decayed linearly to 0, weight decay 1e-3 on the kernels, 3 epochs."""
     config = experiment_defaults()
-    config.description = __doc__.splitlines()[0]
-    config.workdir = "runs/fmnist_enorm_depth"
     config.model.name = "mlp"
     config.model.norm = "none"
     config.model.kwargs = {"depth": 2, "width": 256, "kernel_init": "xavier"}
@@ -42,10 +43,17 @@ def get_config():
             "schedule": "linear",
             "weight_decay": 1e-3,
             "weight_decay_mask": "kernels",
-            "wrappers": (),
-            "wrapper_kwargs": {"enorm": {"c": 1.2}},
         }
     )
+    return config
+
+
+def get_config():
+    config = depth_sweep_setting()
+    config.description = __doc__.splitlines()[0]
+    config.workdir = "runs/fmnist_enorm_depth"
+    config.optimizer.wrappers = ()
+    config.optimizer.wrapper_kwargs = {"enorm": {"c": 1.2}}
     config.sweep.key = "optimizer.wrappers"
     config.sweep.grid = ((), ("enorm",))
     config.sweep.names = ("baseline", "enorm-1.2")

@@ -13,7 +13,7 @@ and the imbalance of the effective weights (0 = ENorm-1's fixed point).
 ``python experiments/scripts/grid.py fmnist_implicit_enorm --set model.kwargs.depth=8`` (2: default).
 """
 
-from jaxnorm.train.experiment import experiment_defaults
+from experiments.configs.fmnist_enorm_depth import depth_sweep_setting
 
 FACTORS = (1, 10, 100, 1000, 10000)
 SEEDS = (0, 1, 2)
@@ -33,26 +33,9 @@ ANALYSIS = "implicit_enorm"
 
 
 def get_config():
-    config = experiment_defaults()
+    config = depth_sweep_setting()
     config.description = __doc__.splitlines()[0]
     config.workdir = "runs/fmnist_implicit_enorm"
-    config.model.name = "mlp"
-    config.model.norm = "none"
-    config.model.kwargs = {"depth": 2, "width": 256, "kernel_init": "xavier"}
-    config.dataset.name = "fashion_mnist"
-    config.dataset.batch_size = 256
-    config.num_epochs = 3.0
-    config.log_every = 50
-    config.checkpoint_every = 0
-    config.optimizer.update(
-        {
-            "name": "sgd",
-            "learning_rate": 0.05,
-            "schedule": "linear",
-            "weight_decay": 1e-3,
-            "weight_decay_mask": "kernels",
-        }
-    )
     config.implicit_enorm.lr_factor = 1000.0
     config.sweep.key = "implicit_enorm.weight"
     config.sweep.grid = (0.0, 5e-4)
