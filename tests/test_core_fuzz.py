@@ -863,7 +863,7 @@ def test_linen_and_nnx_instance_norm_agree_bitwise_in_float16(p, module_dtype, s
 # float64) and returns non-finite values: issue 14 asks for a scaled computation there; not done yet.
 P2_HUGE_OVERFLOW_KNOWN = {
     ("batch_norm", "float32"), ("batch_norm", "float64"), ("ghost_batch_norm", "float32"),
-    ("layer_norm", "float32"), ("layer_norm", "float64"), ("group_norm", "float32"),
+    ("group_norm", "float32"),
     ("group_norm", "float64"), ("instance_norm", "float32"), ("nn.BatchNorm", "float32"),
     ("nn.GroupNorm", "float64"),
 }

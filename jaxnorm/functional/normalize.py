@@ -161,7 +161,9 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     Otherwise (a large mean, or a constant non-zero row, whose ``var`` is rounding noise) a
     :func:`jax.lax.cond` takes the shifted-data pass about ``m`` (Chan et al. 1983): ``d = x - m``,
     ``mean = m + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation ``d``,
-    so its mean comes out exact and it normalizes to exactly 0. Each pass widens ``x`` itself (the
+    so its mean comes out exact and it normalizes to exactly 0. Rows whose variance overflows the dtype
+    (huge input) take a third pass on deviations scaled by their largest magnitude (:func:`_huge_rows`),
+    also behind a :func:`jax.lax.cond`. Each pass widens ``x`` itself (the
     :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
     half-precision ``x`` is not copied to memory as float32.
     """
@@ -171,14 +173,39 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
     raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
 
+    def one_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        return rough, lax.rsqrt(jnp.maximum(raw_var, 0) + epsilon)
+
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
         d = _widen(x) - rough
         correction = jnp.mean(d, -1, keepdims=True)
-        return rough + correction, jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
+        var = jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
+        in_range = jnp.isfinite(rough) & jnp.isfinite(var)
+        shifted = (rough + correction, lax.rsqrt(jnp.maximum(var, 0) + epsilon))
+        return lax.cond(jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, rough, in_range, shifted))
 
-    well_conditioned = jnp.all(jnp.square(rough) <= CONDITION_LIMIT * raw_var)
-    mean, var = lax.cond(well_conditioned, lambda: (rough, raw_var), shifted_pass)
-    return mean, lax.rsqrt(jnp.maximum(var, 0) + epsilon)
+    # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
+    well_conditioned = jnp.all((jnp.square(rough) <= CONDITION_LIMIT * raw_var) & jnp.isfinite(raw_var))
+    return lax.cond(well_conditioned, one_pass, shifted_pass)
+
+
+def _huge_rows(
+    x: jnp.ndarray, rough: jnp.ndarray, in_range: jnp.ndarray, shifted: tuple[jnp.ndarray, jnp.ndarray]
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Row statistics where ``var`` (or the mean) overflows the dtype (``sigma > 1.8e19`` in float32):
+    the deviations ``d = x - c`` are divided by their largest magnitude ``D`` before they are summed,
+    ``mean = c + D mean(d / D)``, ``inv = rsqrt(var(d / D)) / D`` (``epsilon / D^2`` is below rounding
+    there). ``D`` is a homogeneous statistic, not a power of two, so the scale-invariance tracer
+    (:mod:`jaxnorm.enorm`) sees through it. Rows ``in_range`` keep their ``shifted`` statistics."""
+    centre = jnp.where(jnp.isfinite(rough), rough, 0)  # sum x itself overflowed
+    d = _widen(x) - centre
+    unit = jnp.max(jnp.abs(d), -1, keepdims=True)
+    scaled = d / jnp.where(unit > 0, unit, 1)
+    scaled_mean = jnp.mean(scaled, -1, keepdims=True)
+    scaled_var = jnp.mean(jnp.square(scaled), -1, keepdims=True) - jnp.square(scaled_mean)
+    inv = lax.rsqrt(jnp.maximum(scaled_var, jnp.finfo(scaled_var.dtype).tiny)) / unit
+    mean, shifted_inv = shifted
+    return jnp.where(in_range, mean, centre + unit * scaled_mean), jnp.where(in_range, shifted_inv, inv)
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
