@@ -121,9 +121,10 @@ def test_bn_gamma_beta_are_producers_and_bn_input_is_not():
 
 
 def test_python_keyword_arguments_stay_static():
-    """``train=False`` reaches the model as a Python bool (a traced bool would fail in ``not train``)."""
-    model = jaxnorm.models.create("resnet18", num_classes=10, shortcut="C", width=4)
-    x = jnp.ones((2, 8, 8, 3))
+    """``train=False`` reaches the model as a Python bool (a traced bool would fail in ``not train``).
+    A library model with BN (its ``use_running_average=not train``); the MLP keeps it quick."""
+    model = jaxnorm.models.create("mlp", num_classes=10, depth=3, width=8)
+    x = jnp.ones((2, 8, 8, 1))
     variables = model.init(jax.random.key(0), x, train=False)
     spec = discover(model.apply, variables, x, train=False)
     bound = discover(functools.partial(model.apply, train=False), variables, x)
