@@ -48,7 +48,7 @@ def rel_err(a, b):
 
 # the three largest float64 networks run with the slow suite (together ~75 s of a loaded 2-core CI run);
 # the float32 test keeps a ResNet and the CNN quick
-SLOW_FLOAT64 = {"resnet_c", "resnet_id_bn", "vgg"}
+SLOW_FLOAT64 = {"cnn", "resnet_c", "resnet_id_bn", "vgg"}  # float32 runs cnn too (CI time)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_discovered_spec_preserves_function_float64(x64, name):
     )
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet_c", "resnet_id"])
+@pytest.mark.parametrize("name", ["cnn", pytest.param("resnet_c", marks=pytest.mark.slow), "resnet_id"])
 def test_discovered_spec_preserves_function_float32(name):
     model, variables, x, spec = build(name, jnp.float32)
     balanced = enorm_balance(variables, spec, cycles=5)

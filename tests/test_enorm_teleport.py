@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
@@ -213,6 +213,7 @@ def test_callable_objective_autodiff_equals_eq10_route(x64):
     np.testing.assert_array_equal(s_b[0], s_c[0])
 
 
+@settings(max_examples=12)  # each example runs an eager teleport (CI time)
 @given(step_size=st.floats(1e-3, 50.0), steps=st.integers(0, 6), seed=st.integers(0, 5))
 def test_objective_never_decreases(step_size, steps, seed):
     params, batch = _data(seed, np.float32)

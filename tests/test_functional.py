@@ -427,6 +427,7 @@ def test_check_grads_activation(x64, p):
         check_grads(f, (x,), order=1, modes=["rev"], eps=1e-6)
 
 
+@pytest.mark.slow  # CI time; batch norm p = 2 keeps a second-order check (test_check_grads_activation)
 def test_check_grads_l2_statistics_second_order(x64):
     """p = 2 statistics (shifted sums, Chan's merge of a group's channels, masks) against finite
     differences to second order."""
