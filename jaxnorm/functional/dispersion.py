@@ -25,6 +25,7 @@ from jaxnorm.functional.dispersion_l1 import l1_statistics
 from jaxnorm.functional.dispersion_l2 import l2_statistics
 from jaxnorm.functional.dispersion_linf import linf_statistics
 from jaxnorm.functional.dispersion_topk import topk_statistics
+from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import ChannelGroups, group_combine, local_moments
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
@@ -60,6 +61,7 @@ def dispersion_kind(options: BatchOptions) -> object:
     return "topk" if options.topk is not None else options.p
 
 
+@compiled_when_concrete(static_argnames=("axes", "options", "axis_name", "axis_index_groups", "groups"))
 def dispersion_moments(
     x: jnp.ndarray,
     axes: tuple[int, ...],

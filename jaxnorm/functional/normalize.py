@@ -32,6 +32,7 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import dispersion_moments
+from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
@@ -152,6 +153,7 @@ def _widen(x: jnp.ndarray) -> jnp.ndarray:
     return x.astype(stats_dtype(x))
 
 
+@compiled_when_concrete(static_argnames=("epsilon", "centred"))
 def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
     """The row mean (None unless ``centred``) and ``rsqrt`` of the row variance (or mean square) + eps.
 

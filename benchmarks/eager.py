@@ -1,0 +1,72 @@
+"""Eager calls (no ``jit``, as in a notebook): jaxnorm's linen layers against flax's, per call.
+
+Usage::
+
+    python benchmarks/eager.py [--shape 64x8] [--image 2x8x8x16] [--repeats N] [--clock wall|cpu]
+
+Each layer's ``apply`` (with ``mutable=["batch_stats"]`` for batch norm) is called outside any ``jit`` on a
+small input, after a warm-up call that compiles, and timed in alternation with the flax layer of the
+same kind (the anchor, L2 for jaxnorm's L1 / L∞ rows). The statistics' data-dependent branches are
+compiled once per shape and options (``jaxnorm.functional.eager``); without that, every eager call
+re-traced and re-compiled them. Results: ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import flax.linen as fnn
+import jax
+from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+
+import jaxnorm.nn as jn
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split("x"))
+
+
+def _eager_apply(module, x):
+    variables = module.init(jax.random.key(0), x)
+    return lambda: module.apply(variables, x, mutable=["batch_stats"])[0]
+
+
+def rows(vector, image):
+    """(name, jaxnorm layer, flax anchor, input)."""
+    bn = dict(use_running_average=False)
+    return [
+        ("BatchNorm", jn.BatchNorm(**bn), fnn.BatchNorm(**bn), vector),
+        ("BatchNorm p=1", jn.BatchNorm(p=1, **bn), fnn.BatchNorm(**bn), vector),
+        ("BatchNorm p=inf", jn.BatchNorm(p="inf", **bn), fnn.BatchNorm(**bn), vector),
+        ("LayerNorm", jn.LayerNorm(), fnn.LayerNorm(), image),
+        ("GroupNorm", jn.GroupNorm(num_groups=4), fnn.GroupNorm(num_groups=4), image),
+        ("InstanceNorm", jn.InstanceNorm(), fnn.InstanceNorm(), image),
+        ("RMSNorm", jn.RMSNorm(), fnn.RMSNorm(), image),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="64x8", help="batch-norm input, e.g. 64x8")
+    parser.add_argument("--image", default="2x8x8x16", help="per-example norms' input (NHWC)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    args = parser.parse_args()
+    vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1
+    image = jax.random.normal(jax.random.key(2), _shape(args.image))
+    print("\n".join(machine_lines([f"eager calls, clock {args.clock}, repeats {args.repeats}"])))
+    print("\n| layer | input | jaxnorm ms | flax ms | jaxnorm/flax |\n| --- | --- | --- | --- | --- |")
+    for name, ours, anchor, x in rows(vector, image):
+        timings = time_interleaved(
+            {"ours": _eager_apply(ours, x), "flax": _eager_apply(anchor, x)},
+            repeats=args.repeats,
+            clock=CLOCKS[args.clock],
+        )
+        ms = {k: 1e3 * sorted(t.samples)[len(t.samples) // 2] for k, t in timings.items()}
+        ratio = paired_ratio(timings["ours"], timings["flax"])
+        shape = "x".join(map(str, x.shape))
+        print(f"| {name} | {shape} | {ms['ours']:.2f} | {ms['flax']:.2f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
