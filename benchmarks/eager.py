@@ -4,11 +4,12 @@ Usage::
 
     python benchmarks/eager.py [--shape 64x8] [--image 2x8x8x16] [--repeats N] [--clock wall|cpu]
 
-Each layer's ``apply`` (with ``mutable=["batch_stats"]`` for batch norm) is called outside any ``jit`` on a
-small input, after a warm-up call that compiles, and timed in alternation with the flax layer of the
-same kind (the anchor, L2 for jaxnorm's L1 / L∞ rows). The statistics' data-dependent branches are
-compiled once per shape and options (``jaxnorm.functional.eager``); without that, every eager call
-re-traced and re-compiled them. Results: ``docs/benchmarks.md``.
+Each layer's ``apply`` (with ``mutable=["batch_stats"]`` for batch norm; pass ``fwd``) and its gradient
+w.r.t. the params and the input (``jax.grad`` of ``sum(y * cotangent)``; pass ``fwd+bwd``) are called
+outside any ``jit`` on a small input, after warm-up calls that compile, and timed in alternation with the
+flax layer of the same kind (the anchor, L2 for jaxnorm's L1 / L∞ rows). The statistics'
+data-dependent branches are compiled once per shape and options (``jaxnorm.functional.eager``);
+without that, every eager call re-traced and re-compiled them. Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 
 import flax.linen as fnn
 import jax
+import jax.numpy as jnp
 from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
 
 import jaxnorm.nn as jn
@@ -29,6 +31,22 @@ def _shape(text: str) -> tuple[int, ...]:
 def _eager_apply(module, x):
     variables = module.init(jax.random.key(0), x)
     return lambda: module.apply(variables, x, mutable=["batch_stats"])[0]
+
+
+def _eager_grad(module, x):
+    """The gradient of ``sum(y * cotangent)`` w.r.t. the params and ``x``, without ``jit``."""
+    variables = module.init(jax.random.key(0), x)
+    cotangent = jax.random.normal(jax.random.key(3), x.shape)
+
+    def loss(params, x):
+        y, _ = module.apply({**variables, "params": params}, x, mutable=["batch_stats"])
+        return jnp.sum(y * cotangent)
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    return lambda: grad(variables["params"], x)
+
+
+PASSES = {"fwd": _eager_apply, "fwd+bwd": _eager_grad}
 
 
 def rows(vector, image):
@@ -55,17 +73,19 @@ def main() -> None:
     vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1
     image = jax.random.normal(jax.random.key(2), _shape(args.image))
     print("\n".join(machine_lines([f"eager calls, clock {args.clock}, repeats {args.repeats}"])))
-    print("\n| layer | input | jaxnorm ms | flax ms | jaxnorm/flax |\n| --- | --- | --- | --- | --- |")
+    print("\n| layer | input | pass | jaxnorm ms | flax ms | jaxnorm/flax |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, ours, anchor, x in rows(vector, image):
-        timings = time_interleaved(
-            {"ours": _eager_apply(ours, x), "flax": _eager_apply(anchor, x)},
-            repeats=args.repeats,
-            clock=CLOCKS[args.clock],
-        )
-        ms = {k: 1e3 * sorted(t.samples)[len(t.samples) // 2] for k, t in timings.items()}
-        ratio = paired_ratio(timings["ours"], timings["flax"])
-        shape = "x".join(map(str, x.shape))
-        print(f"| {name} | {shape} | {ms['ours']:.2f} | {ms['flax']:.2f} | {ratio:.2f} |")
+        for pass_name, candidate in PASSES.items():
+            timings = time_interleaved(
+                {"ours": candidate(ours, x), "flax": candidate(anchor, x)},
+                repeats=args.repeats,
+                clock=CLOCKS[args.clock],
+            )
+            ms = {k: 1e3 * sorted(t.samples)[len(t.samples) // 2] for k, t in timings.items()}
+            ratio = paired_ratio(timings["ours"], timings["flax"])
+            shape = "x".join(map(str, x.shape))
+            print(f"| {name} | {shape} | {pass_name} | {ms['ours']:.2f} | {ms['flax']:.2f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

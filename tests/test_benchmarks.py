@@ -41,7 +41,7 @@ def _run(script: str, *args: str) -> str:
                 "checked lines PASS",
             ],
         ),
-        ("eager.py", ["--repeats", "1"], ["| BatchNorm p=1 | 64x8 |", "| RMSNorm | 2x8x8x16 |"]),
+        ("eager.py", ["--repeats", "1"], ["| BatchNorm p=1 | 64x8 | fwd+bwd |", "| RMSNorm | 2x8x8x16 | fwd |"]),
         ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
         # one layer: every form is traced and compiled once per pass (~20 s on 2 cores for LayerNorm)
         (

@@ -115,3 +115,25 @@ def test_compiled_when_concrete_traces_inside_a_trace_and_falls_back_on_unhashab
     jaxpr = jax.make_jaxpr(lambda x: total(x, (0,)))(x)
     assert "jit" not in {e.primitive.name for e in jaxpr.jaxpr.eqns}  # inlined in the trace
     assert float(jax.grad(lambda x: total(x, (0, 1)))(x).sum()) == 12
+
+
+GRADIENTS = {
+    "batch_norm-p2": lambda x: F.batch_norm(x),
+    "batch_norm-p1": lambda x: F.batch_norm(x, p=1),
+    "batch_norm-masked": lambda x: F.batch_norm(x, p=1, mask=MASK),
+    "layer_norm-last": lambda x: F.layer_norm(x),
+}
+
+
+@pytest.mark.parametrize("name", GRADIENTS)
+def test_second_eager_gradient_compiles_nothing_and_equals_the_jitted_one(name):
+    """An eager ``grad`` (a notebook's training step without ``jit``): its tracers carry concrete values,
+    so the statistics still run compiled, and the gradient is the one ``jit(grad)`` gives."""
+    weights = jnp.cos(jnp.arange(Z.size, dtype=jnp.float32).reshape(Z.shape))
+    grad = jax.grad(lambda x: jnp.sum(GRADIENTS[name](x) * weights))
+    first = jax.block_until_ready(grad(Z))
+    with compilations() as compiled:
+        second = jax.block_until_ready(grad(Z))
+    assert compiled == [], f"{name}: the second eager gradient compiled {len(compiled)} computations"
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, jax.jit(grad)(Z), rtol=1e-5, atol=1e-5)

@@ -2,11 +2,13 @@
 
 The statistics take data-dependent branches (:func:`jax.lax.cond`: the cancellation and constant-group
 passes) and per-platform forms (:func:`jax.lax.platform_dependent`), whose branches are closures over
-the call's arguments. Called outside any trace, JAX re-traces and re-compiles each of them on every
-call (times against flax's eager layers: ``docs/benchmarks.md``, "Eager calls"); under ``jit``,
-``grad`` or ``vmap`` they are traced once with the enclosing function. So the functions that hold such
-branches run, when no array argument is a tracer, as one cached :func:`jax.jit` computation keyed by
-their static arguments, and inside a trace as they are (the traced program is unchanged).
+the call's arguments. Evaluated eagerly (no ``jit``: a notebook cell, an eager ``grad``), JAX re-traces
+and re-compiles each of them on every call (times against flax's eager layers: ``docs/benchmarks.md``,
+"Eager calls"); under ``jit`` or ``vmap`` they are traced once with the enclosing function. So the
+functions that hold such branches run as one cached :func:`jax.jit` computation, keyed by their static
+arguments, when every array argument has a concrete value (an eager ``grad``'s or ``jvp``'s tracers
+carry one: the compiled computation is then differentiated), and as they are inside ``jit``, ``vmap``
+or ``make_jaxpr`` (the traced program is unchanged).
 """
 
 from __future__ import annotations
@@ -18,14 +20,23 @@ from typing import TypeVar
 
 import jax
 
+try:  # JAX's test of "a tracer with a concrete value" (an eager grad's), not a public name
+    from jax._src.core import is_concrete as _is_concrete
+except ImportError:  # pragma: no cover - then every tracer is treated as traced
+
+    def _is_concrete(leaf) -> bool:
+        return False
+
+
 __all__ = ["compiled_when_concrete"]
 
 F = TypeVar("F", bound=Callable)
 
 
 def compiled_when_concrete(static_argnames: tuple[str, ...]) -> Callable[[F], F]:
-    """Decorate ``fn`` to run as ``jax.jit(fn, static_argnames=static_argnames)`` when none of its other
-    arguments holds a tracer, and as ``fn`` itself otherwise (or when a static argument is unhashable).
+    """Decorate ``fn`` to run as ``jax.jit(fn, static_argnames=static_argnames)`` when each of its other
+    arguments is concrete (or traced by an eager ``grad`` / ``jvp``), and as ``fn`` itself inside a
+    trace without concrete values or when a static argument is unhashable.
 
     ``fn``'s arguments must have been validated by its caller: the compiled form sees their shapes and
     dtypes, not their values.
@@ -52,7 +63,11 @@ def compiled_when_concrete(static_argnames: tuple[str, ...]) -> Callable[[F], F]
 
 
 def _holds_tracer(values: list) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values))
+    """Whether a leaf is traced without a concrete value (``jit``, ``vmap``, ``make_jaxpr``); the tracers
+    of an eager ``grad`` or ``jvp`` carry their concrete primal, and the compiled form is differentiated."""
+    return any(
+        isinstance(leaf, jax.core.Tracer) and not _is_concrete(leaf) for leaf in jax.tree.leaves(values)
+    )
 
 
 def _hashable(values: tuple) -> bool:
