@@ -20,6 +20,7 @@ import flax.linen as fnn
 import jax
 import jax.numpy as jnp
 from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+from norms import shape_text
 
 import jaxnorm.nn as jn
 
@@ -82,10 +83,12 @@ def main() -> None:
                 repeats=args.repeats,
                 clock=CLOCKS[args.clock],
             )
-            ms = {k: 1e3 * sorted(t.samples)[len(t.samples) // 2] for k, t in timings.items()}
+            ms = {k: 1e3 * t.median for k, t in timings.items()}
             ratio = paired_ratio(timings["ours"], timings["flax"])
-            shape = "x".join(map(str, x.shape))
-            print(f"| {name} | {shape} | {pass_name} | {ms['ours']:.2f} | {ms['flax']:.2f} | {ratio:.2f} |")
+            print(
+                f"| {name} | {shape_text(x.shape)} | {pass_name} | {ms['ours']:.2f} | {ms['flax']:.2f} "
+                f"| {ratio:.2f} |"
+            )
 
 
 if __name__ == "__main__":

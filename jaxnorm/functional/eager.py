@@ -30,10 +30,10 @@ except ImportError:  # pragma: no cover - then every tracer is treated as traced
 
 __all__ = ["compiled_when_concrete"]
 
-F = TypeVar("F", bound=Callable)
+Decorated = TypeVar("Decorated", bound=Callable)
 
 
-def compiled_when_concrete(static_argnames: tuple[str, ...]) -> Callable[[F], F]:
+def compiled_when_concrete(static_argnames: tuple[str, ...]) -> Callable[[Decorated], Decorated]:
     """Decorate ``fn`` to run as ``jax.jit(fn, static_argnames=static_argnames)`` when each of its other
     arguments is concrete (or traced by an eager ``grad`` / ``jvp``), and as ``fn`` itself inside a
     trace without concrete values or when a static argument is unhashable.
@@ -42,7 +42,7 @@ def compiled_when_concrete(static_argnames: tuple[str, ...]) -> Callable[[F], F]
     dtypes, not their values.
     """
 
-    def decorate(fn: F) -> F:
+    def decorate(fn: Decorated) -> Decorated:
         compiled = jax.jit(fn, static_argnames=static_argnames)
         signature = inspect.signature(fn)
 
