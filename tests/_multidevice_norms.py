@@ -108,6 +108,37 @@ errors["BatchNorm module pmap running stats"] = max_err(
     [stats_global["batch_stats"]["mean"], stats_global["batch_stats"]["var"]],
 )
 
+# Huge input (float64 variance overflows beyond 1e154): on one device only, and everywhere. Every device
+# finds the overflow after the merge and recomputes the statistics in a unit (jaxnorm.functional.units);
+# outputs, and gradients relative to their largest entry, equal the single device's.
+for where in ("one device", "everywhere"):
+    big = x.copy()
+    big[18:24 if where == "one device" else None] *= 1e200
+    for masked in (False, True):
+        m = jnp.asarray(mask if masked else np.ones_like(mask))
+        want_y = F.batch_norm(jnp.asarray(big), mask=m)
+        want_g = jax.grad(lambda a, m=m: jnp.sum(F.batch_norm(a, mask=m) * weights))(jnp.asarray(big))
+        name = f"huge ({where}) masked={masked}"
+        y_sm = jax.jit(
+            jax.shard_map(
+                lambda a, b: F.batch_norm(a, mask=b, axis_name="d"),
+                mesh=mesh,
+                in_specs=(P("d"), P("d")),
+                out_specs=P("d"),
+            )
+        )(jax.device_put(big, sharded), jax.device_put(m, sharded))
+        errors[f"{name} shard_map outputs"] = max_err([y_sm], [want_y])
+
+        def device_loss(a, b, w):
+            return jnp.sum(F.batch_norm(a, mask=b, axis_name="d") * w)
+
+        got = jax.pmap(jax.grad(device_loss), axis_name="d")(
+            big.reshape(8, 6, 5, 4), m.reshape(8, 6, 5, 4), weights.reshape(8, 6, 5, 4)
+        )
+        scale = float(np.max(np.abs(np.asarray(want_g))))
+        errors[f"{name} pmap gradient (relative)"] = max_err([got.reshape(x.shape) / scale], [want_g / scale])
+        assert np.all(np.isfinite(np.asarray(want_y))) and scale > 0
+
 # GroupNorm / LayerNorm under a sharded batch need no collective and must not change.
 y_gn = jax.jit(lambda a: F.group_norm(a, 2))(jax.device_put(x, sharded))
 errors["jit-sharded group_norm"] = max_err([y_gn], [F.group_norm(jnp.asarray(x), 2)])

@@ -193,3 +193,31 @@ def test_no_private_names_imported_across_modules(package):
         if (hits := private_imports(path.read_text()))
     }
     assert found == {}
+
+
+def _normalized(params, x, addend):
+    """``x w`` normalized per unit with ``rsqrt(var + addend(var))``."""
+    d = x @ params["w1"] - jnp.mean(x @ params["w1"], axis=0, keepdims=True)
+    var = jnp.mean(d * d, axis=0, keepdims=True)
+    return d * jax.lax.rsqrt(var + addend(var))
+
+
+def test_an_epsilon_made_of_constants_keeps_the_invariance():
+    """``var + eps * unit^2`` with ``unit`` a choice between constants (jaxnorm.functional.units) is an
+    epsilon; an addend computed from the data is not."""
+    params, x = _params(), jnp.ones((5, 3))
+
+    def unit(var):
+        return jnp.where(jnp.isfinite(var), 1.0, 2.0**-96)
+
+    addends = {
+        "constant": lambda var: 1e-5,
+        "constant times unit squared": lambda var: 1e-5 * unit(var) * unit(var),
+        "data": lambda var: jnp.mean(x) * jnp.ones_like(var),
+    }
+    found = {
+        name: jaxnorm.enorm.scale_invariant_kernels(lambda p, x, a=a: _normalized(p, x, a), params, x)
+        for name, a in addends.items()
+    }
+    assert found["constant"][("w1",)] and found["constant times unit squared"][("w1",)]
+    assert not found["data"][("w1",)]

@@ -38,11 +38,16 @@ _COLLECTIVES = {"psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", 
 
 
 def _collectives(jaxpr) -> list[str]:
-    """The collectives of a jaxpr, nested jaxprs (custom JVPs, conds, jits) included."""
+    """The collectives of a jaxpr on the path ordinary input takes: nested jaxprs (custom JVPs, jits)
+    included, and of a ``cond`` the branch with the fewest (the L2 statistics of huge input are taken
+    again, with their own collective, only where the variance overflows)."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _COLLECTIVES:
             found.append(eqn.primitive.name)
+        if eqn.primitive.name == "cond":
+            found += min((_collectives(b.jaxpr) for b in eqn.params["branches"]), key=len)
+            continue
         for param in eqn.params.values():
             for sub in param if isinstance(param, tuple | list) else (param,):
                 inner = getattr(sub, "jaxpr", sub)

@@ -138,6 +138,19 @@ class ForwardPass:
     def is_zero(self, x: Any) -> bool:
         return is_zero_const(x) or (isinstance(x, int) and x in self.g.zero)
 
+    def is_constant(self, x: Any) -> bool:
+        """Whether ``x`` is made of constants only: a literal, or layout moves, products and choices
+        (``select_n``, whatever the predicate) of such values (the epsilon ``epsilon * unit^2`` of
+        :func:`jaxnorm.functional.units.inverse_std`, whose unit is 1 or a constant power of two)."""
+        if isinstance(x, Const):
+            return True
+        k = self.g.producer.get(x)
+        if k is None:
+            return False
+        e = self.g.eqns[k]
+        operands = e.ins[1:] if e.prim is lax.select_n_p else e.ins
+        return e.prim in _CONSTANT_MAPS and all(self.is_constant(a) for a in operands)
+
     def shape(self, x: Any) -> tuple[int, ...]:
         return tuple(np.shape(x.value)) if isinstance(x, Const) else self.g.shapes[x]
 
@@ -242,7 +255,8 @@ def keeps_scaling(fp: ForwardPass, e: Eqn, vals: list) -> list:
 
 
 def drops_scaling(fp: ForwardPass, e: Eqn, vals: list) -> list:
-    """An elementwise map with ``f(d x) = f(x)`` for ``d > 0`` (``sign``)."""
+    """An elementwise map with ``f(d x) = f(x)`` for ``d > 0`` (``sign``; ``is_finite``, in the exact
+    arithmetic the tracer reasons in: the overflow checks of :mod:`jaxnorm.functional.units`)."""
     return [None]
 
 
@@ -301,7 +315,7 @@ def _unscaled_operand(fp: ForwardPass, e: Eqn, x: Any, ref: Scaled, shape: tuple
     """An unscaled non-zero operand ``x`` of a merge: skipped (an epsilon, outside junction mode),
     refuted, or raised as an addend that must scale."""
     if e.prim in (lax.max_p, lax.min_p, lax.select_n_p) or ref.power != 1:
-        if fp.mode is not TraceMode.JUNCTION and e.prim is lax.add_p and isinstance(x, Const):
+        if fp.mode is not TraceMode.JUNCTION and e.prim is lax.add_p and fp.is_constant(x):
             return  # an epsilon added to a scale statistic
         raise Refuted(f"{e.prim.name} with an unscaled non-zero operand")
     if not isinstance(x, int):
@@ -542,11 +556,15 @@ def conv_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
 # ----------------------------------------------------------------------------------------------
 # The table.
 
+_CONSTANT_MAPS = frozenset((*LAYOUT_RULES, lax.mul_p, lax.select_n_p))
+"""Maps whose result is a constant when their (value) operands are: :meth:`ForwardPass.is_constant`."""
+
 FORWARD_RULES: dict[Primitive, ForwardRule] = {
     **dict.fromkeys(LAYOUT_RULES, layout_rule),
     lax.neg_p: keeps_scaling,
     lax.abs_p: keeps_scaling,
     lax.sign_p: drops_scaling,
+    lax.is_finite_p: drops_scaling,
     **dict.fromkeys(
         find_primitives("add_p", "sub_p", "add_jaxvals_p", "max_p", "min_p", "select_n_p"), merge_rule
     ),

@@ -27,9 +27,10 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
-from jaxnorm.functional.dispersion import dispersion_moments
+from jaxnorm.functional.dispersion import dispersion_statistics
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
+from jaxnorm.functional.units import Statistics, true_variance
 
 __all__ = [
     "BatchOptions",
@@ -37,6 +38,7 @@ __all__ = [
     "batch_moments",
     "batch_norm",
     "batch_statistics",
+    "batch_statistics_with_unit",
     "batch_stats",
     "check_batch_options",
     "ghost_batches",
@@ -88,7 +90,9 @@ def batch_moments(
     Reduces over every axis but ``axis`` (the feature axis or axes). Arguments as :func:`batch_stats`;
     ``mean_only=True`` returns ``(mean, None)``. With ``virtual_batch_size=v`` the leading (batch) axis
     is split into ``x.shape[0] // v`` ghost batches with statistics of their own, returned stacked on a
-    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype.
+    new leading axis. Statistics are float32 (or float64) whatever ``x``'s dtype; a variance beyond the
+    dtype's range (huge input) is returned as its largest finite number (:func:`batch_stats` gives the
+    exact ``sigma_hat``).
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
@@ -114,6 +118,30 @@ def batch_statistics(
     keepdims: bool = False,
 ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
     """:func:`batch_moments` with the options as one validated value (:func:`check_batch_options`)."""
+    statistics = batch_statistics_with_unit(
+        x,
+        options,
+        axis=axis,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        keepdims=keepdims,
+    )
+    return statistics.mean, true_variance(statistics)
+
+
+def batch_statistics_with_unit(
+    x: jnp.ndarray,
+    options: BatchOptions,
+    *,
+    axis: int | Sequence[int] = -1,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    keepdims: bool = False,
+) -> Statistics:
+    """:func:`batch_statistics` as :class:`~jaxnorm.functional.units.Statistics`: with ``p = 2`` the
+    variance of huge input is that of ``x * unit`` (what :func:`normalize_batch` takes)."""
     check_floating(x, "x")
     if not isinstance(options, BatchOptions):
         raise TypeError(f"options must be a BatchOptions (see check_batch_options), got {options!r}")
@@ -160,13 +188,12 @@ def batch_statistics(
                 f"topk={options.topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, "
                 f"axis={axis!r})"
             )
-    mean, var = dispersion_moments(
+    statistics = dispersion_statistics(
         x, reduce_axes, options, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    if not keepdims:
-        mean = jnp.squeeze(mean, reduce_axes)
-        var = None if var is None else jnp.squeeze(var, reduce_axes)
-    return mean, var
+    if keepdims:
+        return statistics
+    return Statistics(*(None if a is None else jnp.squeeze(a, reduce_axes) for a in statistics))
 
 
 def batch_stats(
@@ -210,10 +237,11 @@ def batch_stats(
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, False, use_fast_variance)
-    mean, var = batch_statistics(
+    mean, var, unit = batch_statistics_with_unit(
         x, options, axis=axis, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    return mean, _sqrt_zero_slope_at_zero(var)
+    sigma = _sqrt_zero_slope_at_zero(var)
+    return mean, sigma if unit is None else sigma / unit
 
 
 @jax.custom_jvp
@@ -257,7 +285,7 @@ def batch_norm(
     epsilon = check_epsilon(epsilon)
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
-    mean, var = batch_statistics(
+    mean, var, unit = batch_statistics_with_unit(
         x,
         options,
         axis=axis,
@@ -266,7 +294,9 @@ def batch_norm(
         axis_index_groups=axis_index_groups,
         keepdims=True,
     )
-    return normalize_batch(x, mean, var, virtual_batch_size=options.virtual_batch_size, epsilon=epsilon)
+    return normalize_batch(
+        x, mean, var, virtual_batch_size=options.virtual_batch_size, epsilon=epsilon, unit=unit
+    )
 
 
 def normalize_batch(
@@ -279,10 +309,12 @@ def normalize_batch(
     bias: jnp.ndarray | None = None,
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
+    unit: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """:func:`normalize` with keepdims batch statistics, per ghost batch when ``virtual_batch_size``
-    is given (the statistics then carry the leading ghost axis of :func:`batch_moments`)."""
+    is given (the statistics then carry the leading ghost axis of :func:`batch_moments`); ``unit`` as
+    :func:`normalize`'s."""
+    affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
     if virtual_batch_size is None:
-        return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
-    ghosts = ghost_batches(x, virtual_batch_size)
-    return normalize(ghosts, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype).reshape(x.shape)
+        return normalize(x, mean, var, **affine)
+    return normalize(ghost_batches(x, virtual_batch_size), mean, var, **affine).reshape(x.shape)

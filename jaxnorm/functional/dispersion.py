@@ -7,8 +7,11 @@ Sec. 2, Eq. 1) over any reduction axes, with channel groups and devices, one sma
 - top-k:    ``sigma_hat = C(n) * mean of the k largest |x - mu|`` (:mod:`.dispersion_topk`)
 - mean only: the mean, no dispersion (Salimans & Kingma 2016, Sec. 2.2)
 
-:func:`dispersion_moments` picks one from :data:`DISPERSIONS` and returns ``(mu, sigma_hat**2)``, so that
-every norm is ``(x - mu) * rsqrt(var + eps)``. Every mean is exact for a constant group (which then
+The dispersion of :func:`dispersion_statistics` comes from :data:`DISPERSIONS`, as
+``(mu, sigma_hat**2, unit)`` (:class:`~jaxnorm.functional.units.Statistics`; ``unit`` is not ``None``
+only for ``p = 2``, whose variance of huge input is kept in a unit), so that every norm is
+``(x - mu) * rsqrt(var + eps)``; :func:`dispersion_moments` returns ``(mu, sigma_hat**2)``. Every mean
+is exact for a constant group (which then
 normalizes to exactly 0); a group that a mask leaves empty gets mean 0 and variance 1
 (:func:`~jaxnorm.functional.reduction.empty_statistics`). Across the devices of ``axis_name`` L2, L∞ and
 top-k take one collective, L1 and mean-only two.
@@ -29,8 +32,9 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import ChannelGroups, group_combine, local_moments
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
+from jaxnorm.functional.units import Statistics, true_variance
 
-__all__ = ["DISPERSIONS", "dispersion_kind", "dispersion_moments", "mean_statistics"]
+__all__ = ["DISPERSIONS", "dispersion_kind", "dispersion_moments", "dispersion_statistics", "mean_statistics"]
 
 
 def mean_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, None]:
@@ -50,8 +54,8 @@ DISPERSIONS: dict[object, Callable[[Reduction, BatchOptions], tuple]] = {
     "topk": topk_statistics,
     "mean": mean_statistics,
 }
-"""``(mean, sigma_hat**2)`` of a :class:`~jaxnorm.functional.reduction.Reduction`, by kind
-(:func:`dispersion_kind`)."""
+"""``(mean, sigma_hat**2)`` (or :class:`~jaxnorm.functional.units.Statistics`) of a
+:class:`~jaxnorm.functional.reduction.Reduction`, by kind (:func:`dispersion_kind`)."""
 
 
 def dispersion_kind(options: BatchOptions) -> object:
@@ -61,7 +65,33 @@ def dispersion_kind(options: BatchOptions) -> object:
     return "topk" if options.topk is not None else options.p
 
 
-@compiled_when_concrete(static_argnames=("axes", "options", "axis_name", "axis_index_groups", "groups"))
+@compiled_when_concrete(
+    static_argnames=("axes", "options", "axis_name", "axis_index_groups", "groups", "rescale_huge")
+)
+def dispersion_statistics(
+    x: jnp.ndarray,
+    axes: tuple[int, ...],
+    options: BatchOptions,
+    *,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    groups: ChannelGroups | None = None,
+    rescale_huge: bool = True,
+) -> Statistics:
+    """``(mean, sigma_hat**2, unit)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of
+    every norm. ``var`` is ``None`` with ``options.mean_only``; ``unit`` (:mod:`jaxnorm.functional.units`)
+    is ``None`` except for ``p = 2``.
+
+    The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
+    reduction; ``axis_name`` merges devices (``axis_index_groups``: per group of devices).
+    ``rescale_huge=False`` keeps the L2 statistics of ``x`` itself (``unit`` ``None``) where their
+    variance overflows (see :func:`jaxnorm.functional.normalize.per_example_norm`).
+    """
+    r = Reduction(x, x, axes, mask, groups, axis_name, axis_index_groups, rescale_huge)
+    return Statistics(*DISPERSIONS[dispersion_kind(options)](r, options))
+
+
 def dispersion_moments(
     x: jnp.ndarray,
     axes: tuple[int, ...],
@@ -72,11 +102,9 @@ def dispersion_moments(
     axis_index_groups: AxisIndexGroups = None,
     groups: ChannelGroups | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
-    """``(mean, sigma_hat**2)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of every
-    norm. ``(mean, None)`` with ``options.mean_only``.
-
-    The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
-    reduction; ``axis_name`` merges devices (``axis_index_groups``: per group of devices).
-    """
-    r = Reduction(x, x, axes, mask, groups, axis_name, axis_index_groups)
-    return DISPERSIONS[dispersion_kind(options)](r, options)
+    """``(mean, sigma_hat**2)`` of :func:`dispersion_statistics`, the variance of ``x`` itself (the largest
+    finite number where it overflows the dtype)."""
+    statistics = dispersion_statistics(
+        x, axes, options, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, groups=groups
+    )
+    return statistics.mean, true_variance(statistics)

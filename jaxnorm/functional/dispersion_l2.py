@@ -3,29 +3,120 @@ use (Ioffe & Szegedy, *Batch normalization*, ICML 2015, Alg. 1).
 
 Count, mean and ``M2`` come from :func:`jaxnorm.functional.moments.local_moments` (stable shifted sums),
 merged over the channels of a group and over devices with Chan et al.'s formula: one collective, an
-all-gather of count, mean and M2 (:func:`jaxnorm.functional.collectives.gather_combine`).
+all-gather of count, mean and M2 (:func:`jaxnorm.functional.collectives.gather_combine`). Groups whose
+variance (or mean) overflows the dtype are computed again on ``x * unit``
+(:mod:`jaxnorm.functional.units`).
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import functools
 
-from jaxnorm.functional.collectives import gather_combine
-from jaxnorm.functional.moments import group_combine, local_moments
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional.collectives import gather_combine, psum_flat
+from jaxnorm.functional.moments import (
+    Moments,
+    element_count,
+    group_combine,
+    local_moments,
+    mean_m2_unit,
+    stats_dtype,
+)
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
+from jaxnorm.functional.units import Statistics, huge_unit
 
 __all__ = ["l2_statistics"]
 
 
-def l2_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(mean, M2 / n)`` of ``r.x`` over ``r.axes``, keepdims; the variance itself, not the square of
-    its root. A constant group has an exact mean and ``M2 = 0`` (the shifted-data pass of
-    :func:`~jaxnorm.functional.moments.local_moments`)."""
-    moments = local_moments(r.x, r.axes, mask=r.mask, with_m2=True, one_pass=options.use_fast_variance)
-    moments = group_combine(moments, r.groups)
-    if r.axis_name is not None:
-        moments, _, _ = gather_combine(moments, r.axis_name, r.axis_index_groups)
-    moments = masked_mean(moments, r.mask)
+def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+    """``(mean, M2 / n, unit)`` of ``r.x`` over ``r.axes``, keepdims; the variance itself, not the square
+    of its root, and ``unit = 1`` except in groups whose variance overflows (then the statistics of
+    ``x * unit``, :mod:`jaxnorm.functional.units`). A constant group has an exact mean and ``M2 = 0``
+    (the shifted-data pass of :func:`~jaxnorm.functional.moments.local_moments`).
+
+    Rows of huge input are found after the merge over channels and devices, so the choice is the same
+    on every device that shares the statistics; only then (a :func:`jax.lax.cond`) are the statistics
+    taken again in the unit. The derivatives are the exact ones for either branch, written out as a
+    custom JVP, ``d mean = sum(dx) / n`` and ``d var = 2 sum((x - mean) unit * dx unit) / n``, so that
+    the backward pass holds no conditional.
+    """
+    layout = r._replace(x=None, deviations=None, mask=None)
+    if not r.rescale_huge:
+        _, mean, var = _l2_in_unit(r.x, r.mask, layout, options)
+        return Statistics(mean, var)
+    _, mean, var, unit = _l2_with_unit(r.x, r.mask, layout, options)
+    # the unit is a constant for differentiation: a symbolic zero tangent, not an array of zeros that
+    # the normalization would multiply by the input
+    return Statistics(mean, var, lax.stop_gradient(unit))
+
+
+def _l2_in_unit(
+    x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(count, mean, M2 / n)`` of ``x`` merged over groups and devices (empty groups: 0 and 1)."""
+    moments = local_moments(x, layout.axes, mask=mask, with_m2=True, one_pass=options.use_fast_variance)
+    moments = group_combine(moments, layout.groups)
+    if layout.axis_name is not None:
+        moments, _, _ = gather_combine(moments, layout.axis_name, layout.axis_index_groups)
+    moments = masked_mean(moments, mask)
     var = moments.m2 / jnp.maximum(moments.count, 1)
-    return moments.mean, empty_statistics(var, moments.count, r.mask)
+    return moments.count, moments.mean, empty_statistics(var, moments.count, mask)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _l2_with_unit(
+    x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(count, mean, var, unit)``; see :func:`l2_statistics`."""
+    if layout.groups is None and layout.axis_name is None:
+        return _local_l2(x, mask, layout.axes, options)
+    count, mean, var = _l2_in_unit(x, mask, layout, options)
+    in_range = jnp.isfinite(mean) & jnp.isfinite(var)
+
+    def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+        unit = huge_unit(var.dtype)
+        _, mean_u, var_u = _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)
+        return (
+            jnp.where(in_range, mean, mean_u / unit),
+            jnp.where(in_range, var, var_u),
+            jnp.where(in_range, 1, unit).astype(var.dtype),
+        )
+
+    # the count stays outside the conditional: a constant where there is no mask
+    return count, *lax.cond(jnp.all(in_range), lambda: (mean, var, jnp.ones_like(var)), rescaled)
+
+
+def _local_l2(
+    x: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], options: BatchOptions
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(count, mean, var, unit)`` of groups that need no merge: the unit is chosen inside the
+    conditional that already takes the careful pass (:func:`~jaxnorm.functional.moments.mean_m2_unit`)."""
+    count = element_count(x, axes, mask)
+    mean, m2, unit = mean_m2_unit(x, count, mask, axes, options.use_fast_variance)
+    moments = masked_mean(Moments(count, mean, m2), mask)
+    var = empty_statistics(moments.m2 / jnp.maximum(count, 1), count, mask)
+    return count, moments.mean, var, unit
+
+
+@_l2_with_unit.defjvp
+def _l2_with_unit_jvp(layout, options, primals, tangents):
+    x, mask = primals
+    count, mean, var, unit = _l2_with_unit(x, mask, layout, options)
+    dtype = stats_dtype(x)
+    x_dot = tangents[0].astype(dtype)
+    deviation = x.astype(dtype) * unit - mean * unit
+    if mask is not None:
+        x_dot, deviation = jnp.where(mask, x_dot, 0), jnp.where(mask, deviation, 0)
+    sums = (
+        layout.group_sum(jnp.sum(x_dot, layout.axes, keepdims=True)),
+        layout.group_sum(jnp.sum(deviation * (x_dot * unit), layout.axes, keepdims=True)),
+    )
+    if layout.axis_name is not None:
+        sums = psum_flat(sums, layout.axis_name, layout.axis_index_groups)
+    per_element = 1 / jnp.maximum(count, 1)
+    tangents = (jnp.zeros_like(count), sums[0] * per_element, 2 * sums[1] * per_element, jnp.zeros_like(unit))
+    return (count, mean, var, unit), tangents

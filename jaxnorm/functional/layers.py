@@ -25,11 +25,12 @@ from jaxnorm.functional._checks import (
     check_momentum,
     num_groups_of,
 )
-from jaxnorm.functional.batch import batch_statistics, normalize_batch
+from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.moments import ChannelGroups
 from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
 from jaxnorm.functional.options import BatchOptions
+from jaxnorm.functional.units import true_variance
 
 __all__ = [
     "INSTANCE_BATCH_AXIS_MESSAGE",
@@ -118,7 +119,7 @@ def batch_norm_layer(
         )
         return BatchNormOutput(y, running_mean, running_var)
 
-    mean, var = batch_statistics(
+    statistics = batch_statistics_with_unit(
         x,
         options,
         axis=feature_axes,
@@ -127,6 +128,7 @@ def batch_norm_layer(
         axis_index_groups=axis_index_groups,
         keepdims=True,
     )
+    mean, var, unit = statistics
     y = normalize_batch(
         x,
         mean,
@@ -136,6 +138,7 @@ def batch_norm_layer(
         bias=bias,
         epsilon=epsilon,
         dtype=out_dtype,
+        unit=unit,
     )
     if not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)
@@ -143,7 +146,7 @@ def batch_norm_layer(
         running_mean,
         running_var,
         mean,
-        var,
+        true_variance(statistics),
         _occupied(x, feature_axes, mask, options.virtual_batch_size, axis_name, axis_index_groups),
         momentum,
         ghosts=options.virtual_batch_size is not None,

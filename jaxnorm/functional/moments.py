@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.functional.platform import separate_reads
+from jaxnorm.functional.units import huge_unit
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -26,11 +27,13 @@ __all__ = [
     "Moments",
     "as_columns",
     "combine_moments",
+    "element_count",
     "group_combine",
     "group_reduce",
     "keepdims_shape",
     "kept_shape",
     "local_moments",
+    "mean_m2_unit",
     "stats_dtype",
 ]
 
@@ -92,15 +95,19 @@ def local_moments(
     branch taken does not change the backward pass. Without M2 the mean is ``sum x / n``
     (:func:`jaxnorm.functional.dispersion.dispersion_moments` makes it exact for constant groups).
     """
-    dtype = stats_dtype(x)
-    if mask is None:
-        count = jnp.asarray(math.prod(x.shape[a] for a in axes), dtype)
-    else:
-        count = jnp.sum(mask, axis=axes, keepdims=True, dtype=dtype)
+    count = element_count(x, axes, mask)
     if not with_m2:
         total = jnp.sum(_widen(x, mask), axis=axes, keepdims=True)
         return Moments(count, total / jnp.maximum(count, 1), None)
     return Moments(count, *_mean_m2(x, count, mask, axes, one_pass))
+
+
+def element_count(x: jnp.ndarray, axes: tuple[int, ...], mask: jnp.ndarray | None) -> jnp.ndarray:
+    """The number of (unmasked) elements of every group, in the statistics dtype (a scalar constant
+    without a mask)."""
+    if mask is None:
+        return jnp.asarray(math.prod(x.shape[a] for a in axes), stats_dtype(x))
+    return jnp.sum(mask, axis=axes, keepdims=True, dtype=stats_dtype(x))
 
 
 def _widen(x: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
@@ -114,47 +121,70 @@ def _mean_m2(
     x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], one_pass: bool
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Mean and M2 of ``x`` (unmasked elements, statistics dtype) over ``axes``; see :func:`local_moments`."""
-    return _mean_m2_value(x, count, mask, axes, one_pass)
+    mean, m2, _ = mean_m2_unit(x, count, mask, axes, one_pass, rescale=False)
+    return mean, m2
 
 
-def _mean_m2_value(
+def mean_m2_unit(
     x: jnp.ndarray,
     count: jnp.ndarray,
     mask: jnp.ndarray | None,
     axes: tuple[int, ...],
     one_pass: bool,
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """:func:`_mean_m2`'s value."""
+    rescale: bool = True,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """Mean, M2 and unit of every group of ``x`` over ``axes`` (see :func:`local_moments`): with
+    ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself overflows
+    (:mod:`jaxnorm.functional.units`), found inside the conditional that already takes the careful
+    pass, so ordinary groups run no other conditional; ``unit = 1`` elsewhere."""
     safe_count = jnp.maximum(count, 1)
     last_axis = x.ndim - 1 in axes
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
     total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
     mean = total / safe_count
+    ones = jnp.ones_like(mean)
 
-    def deviations(centre: jnp.ndarray) -> jnp.ndarray:
-        d = x.astype(centre.dtype) - centre
-        return d if mask is None else jnp.where(mask, d, 0)
-
-    def shifted_pass(centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def shifted_pass(values: jnp.ndarray, centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         # the shifted-data algorithm about the raw mean: exact whatever its rounding error, and a
         # constant group has one deviation d, so its mean comes out exact and its M2 zero
-        d = deviations(centre)
+        d = values.astype(centre.dtype) - centre
+        d = d if mask is None else jnp.where(mask, d, 0)
         d_total = jnp.sum(d, axis=axes, keepdims=True)
         m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
-        return mean + d_total / safe_count, jnp.maximum(m2, 0)
+        return centre + d_total / safe_count, jnp.maximum(m2, 0)
+
+    def careful() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+        shifted_mean, shifted_m2 = shifted_pass(x, mean)
+        if not rescale:
+            return shifted_mean, shifted_m2, ones
+        in_range = jnp.isfinite(shifted_mean) & jnp.isfinite(shifted_m2)
+
+        def in_unit() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+            unit = huge_unit(mean.dtype)
+            scaled = _widen(x, mask) * unit
+            centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
+            scaled_mean, scaled_m2 = shifted_pass(scaled, centre)
+            return (
+                jnp.where(in_range, shifted_mean, scaled_mean / unit),
+                jnp.where(in_range, shifted_m2, scaled_m2),
+                jnp.where(in_range, 1, unit).astype(mean.dtype),
+            )
+
+        return lax.cond(jnp.all(in_range), lambda: (shifted_mean, shifted_m2, ones), in_unit)
 
     if last_axis or not one_pass:
-        return shifted_pass(mean)
+        return careful()
     raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
-    well_conditioned = jnp.all(total * mean <= CONDITION_LIMIT * raw_m2)
-    return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0)), lambda: shifted_pass(mean))
+    # raw sums that overflow (huge input) are not finite and take the careful pass too
+    well_conditioned = jnp.all((total * mean <= CONDITION_LIMIT * raw_m2) & jnp.isfinite(raw_m2))
+    return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0), ones), careful)
 
 
 @_mean_m2.defjvp
 def _mean_m2_jvp(axes, one_pass, primals, tangents):
     x, count, mask = primals
     values_dot = _widen(tangents[0], mask)
-    mean, m2 = _mean_m2_value(x, count, mask, axes, one_pass)
+    mean, m2, _ = mean_m2_unit(x, count, mask, axes, one_pass, rescale=False)
     mean_dot = jnp.sum(values_dot, axis=axes, keepdims=True) / jnp.maximum(count, 1)
     deviation = x.astype(mean.dtype) - mean
     m2_dot = 2 * jnp.sum(deviation * values_dot, axis=axes, keepdims=True)

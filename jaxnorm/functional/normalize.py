@@ -31,11 +31,12 @@ from jaxnorm.functional._checks import (
     num_groups_of,
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
-from jaxnorm.functional.dispersion import dispersion_moments
+from jaxnorm.functional.dispersion import dispersion_statistics
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
+from jaxnorm.functional.units import Statistics, inverse_std
 
 __all__ = [
     "RELU_MEAN",
@@ -59,12 +60,15 @@ def normalize(
     bias: jnp.ndarray | None = None,
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
+    unit: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """``y = (x - mean) * rsqrt(var + epsilon) * scale + bias`` (Ioffe & Szegedy 2015, Alg. 1).
 
     ``var=None`` gives mean-only normalization ``(x - mean) * scale + bias``. ``mean``/``var``/``scale``/
     ``bias`` broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype``
-    (default ``x.dtype``). Used for both the batch-statistics and the running-statistics path.
+    (default ``x.dtype``). Used for both the batch-statistics and the running-statistics path. With
+    ``unit`` (:mod:`jaxnorm.functional.units`: ``var`` is the variance of ``x * unit``) it is
+    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``.
 
     Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
     (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
@@ -80,11 +84,12 @@ def normalize(
     check_broadcasts(var, x.shape, "var")
     check_broadcasts(scale, x.shape, "scale")
     check_broadcasts(bias, x.shape, "bias")
-    inv = None if var is None else lax.rsqrt(var + epsilon)
+    check_broadcasts(unit, x.shape, "unit")
+    inv = inverse_std(Statistics(mean, var, None if var is None else unit), epsilon)
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
-        y = x - mean
+        y = x - mean if unit is None else x * unit - mean * unit
         if inv is not None:
             y = y * (inv if scale is None else inv * scale)
         elif scale is not None:
@@ -99,30 +104,37 @@ def normalize(
         ones if inv is None else inv,
         ones if scale is None else scale,
         jnp.zeros((), ones.dtype) if bias is None else bias,
+        ones if unit is None or var is None else unit,
     )
     return y.astype(dtype or x.dtype)
 
 
 @jax.custom_jvp
 def _affine(
-    x: jnp.ndarray, mean: jnp.ndarray, inv: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray
+    x: jnp.ndarray,
+    mean: jnp.ndarray,
+    inv: jnp.ndarray,
+    scale: jnp.ndarray,
+    bias: jnp.ndarray,
+    unit: jnp.ndarray,
 ) -> jnp.ndarray:
-    """``(x - mean) * (inv * scale) + bias``, all broadcasting against ``x``."""
-    return (x - mean) * (inv * scale) + bias
+    """``(x * unit - mean * unit) * (inv * scale) + bias``, all broadcasting against ``x`` (``unit`` is a
+    constant 1 unless the statistics of huge input are kept in a unit)."""
+    return (x * unit - mean * unit) * (inv * scale) + bias
 
 
 @_affine.defjvp
 def _affine_jvp(primals, tangents):
-    x, mean, inv, scale, bias = primals
-    x_dot, mean_dot, inv_dot, scale_dot, bias_dot = tangents
-    y = _affine(x, mean, inv, scale, bias)
+    x, mean, inv, scale, bias, unit = primals
+    x_dot, mean_dot, inv_dot, scale_dot, bias_dot, _ = tangents
+    y = _affine(x, mean, inv, scale, bias, unit)
     # Grouped so that the transpose reduces plain cotangents: the mean's term is a small product
     # broadcast once (its cotangent is ``sum(ct)``), and inv and scale share one ``sum(ct * (x - mean))``.
     # (A CPU-only distinct copy of the mean here bought < 10 %: benchmarks/platform_forms.py.)
     y_dot = (
-        x_dot * (inv * scale)
-        - (mean_dot * inv) * scale
-        + (x - mean) * (inv_dot * scale + inv * scale_dot)
+        (x_dot * unit) * (inv * scale)
+        - ((mean_dot * unit) * inv) * scale
+        + (x * unit - mean * unit) * (inv_dot * scale + inv * scale_dot)
         + bias_dot
     )
     return y, y_dot.astype(y.dtype)
@@ -279,10 +291,20 @@ def per_example_norm(
         )
         return y.astype(dtype or x.dtype)
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance)
-    mean, var = dispersion_moments(
-        x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
+    # Instance-norm reductions (per example and channel, the channel axis kept) keep the statistics of x
+    # itself on huge input: the unit costs about 20 % of their backward pass on XLA:CPU (docs/benchmarks.md)
+    instance_like = groups is None and x.ndim - 1 not in axes
+    mean, var, unit = dispersion_statistics(
+        x,
+        axes,
+        options,
+        mask=mask,
+        groups=groups,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        rescale_huge=not instance_like,
     )
-    return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
+    return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
 
 
 def layer_norm(
