@@ -302,3 +302,13 @@ def test_p2_huge_rows_last_axis_layer_norm_matches_oracle(name, dtype_name, wher
             np.testing.assert_allclose(y, y_ref, rtol=TOL[dtype_name], atol=TOL[dtype_name], err_msg=what)
             scale = np.max(np.abs(g_ref), axis=-1, keepdims=True)
             assert np.all(np.abs(gx - g_ref) <= 3 * TOL[dtype_name] * scale), what
+
+
+def test_normalize_rejects_a_unit_without_a_variance():
+    """``unit`` scales the variance; mean-only normalization (``var=None``) with a unit is refused, naming
+    it, instead of returning ``(x - mean) * unit``."""
+    x = jnp.ones((4, 3))
+    with pytest.raises(ValueError, match="unit"):
+        F.normalize(x, jnp.zeros((1, 3)), None, unit=jnp.full((1, 3), 2.0**-96))
+    with pytest.raises(ValueError, match="unit"):
+        F.normalize(x, jnp.zeros((1,)), None, scale=jnp.ones((4, 3)), unit=jnp.ones((1, 3)))

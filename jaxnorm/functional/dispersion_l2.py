@@ -27,7 +27,7 @@ from jaxnorm.functional.moments import (
 )
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
-from jaxnorm.functional.units import Statistics, huge_unit
+from jaxnorm.functional.units import Statistics, huge_unit, select_in_unit
 
 __all__ = ["l2_statistics"]
 
@@ -38,11 +38,13 @@ def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     ``x * unit``, :mod:`jaxnorm.functional.units`). A constant group has an exact mean and ``M2 = 0``
     (the shifted-data pass of :func:`~jaxnorm.functional.moments.local_moments`).
 
-    Rows of huge input are found after the merge over channels and devices, so the choice is the same
-    on every device that shares the statistics; only then (a :func:`jax.lax.cond`) are the statistics
-    taken again in the unit. The derivatives are the exact ones for either branch, written out as a
-    custom JVP, ``d mean = sum(dx) / n`` and ``d var = 2 sum((x - mean) unit * dx unit) / n``, so that
-    the backward pass holds no conditional.
+    Groups that need no merge (no channel groups, no devices) find their unit inside the conditional
+    that already takes the careful pass (:func:`~jaxnorm.functional.moments.mean_m2_unit`); merged
+    groups are checked after the merge over channels and devices, so the choice is the same on every
+    device that shares the statistics, and only then (a :func:`jax.lax.cond`) taken again in the unit.
+    The derivatives are the exact ones for either branch, written out as a custom JVP,
+    ``d mean = sum(dx) / n`` and ``d var = 2 sum((x - mean) unit * dx unit) / n``, so that the backward
+    pass holds no conditional. ``r.rescale_huge=False`` keeps the statistics of ``x`` itself.
     """
     layout = r._replace(x=None, deviations=None, mask=None)
     if not r.rescale_huge:
@@ -80,11 +82,7 @@ def _l2_with_unit(
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
         unit = huge_unit(var.dtype)
         _, mean_u, var_u = _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)
-        return (
-            jnp.where(in_range, mean, mean_u / unit),
-            jnp.where(in_range, var, var_u),
-            jnp.where(in_range, 1, unit).astype(var.dtype),
-        )
+        return select_in_unit(in_range, (mean, var), (mean_u, var_u), unit)
 
     # the count stays outside the conditional: a constant where there is no mask
     return count, *lax.cond(jnp.all(in_range), lambda: (mean, var, jnp.ones_like(var)), rescaled)

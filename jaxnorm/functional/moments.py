@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.functional.platform import separate_reads
-from jaxnorm.functional.units import huge_unit
+from jaxnorm.functional.units import huge_unit, select_in_unit
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -163,12 +163,7 @@ def mean_m2_unit(
             unit = huge_unit(mean.dtype)
             scaled = _widen(x, mask) * unit
             centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-            scaled_mean, scaled_m2 = shifted_pass(scaled, centre)
-            return (
-                jnp.where(in_range, shifted_mean, scaled_mean / unit),
-                jnp.where(in_range, shifted_m2, scaled_m2),
-                jnp.where(in_range, 1, unit).astype(mean.dtype),
-            )
+            return select_in_unit(in_range, (shifted_mean, shifted_m2), shifted_pass(scaled, centre), unit)
 
         return lax.cond(jnp.all(in_range), lambda: (shifted_mean, shifted_m2, ones), in_unit)
 

@@ -85,7 +85,9 @@ def normalize(
     check_broadcasts(scale, x.shape, "scale")
     check_broadcasts(bias, x.shape, "bias")
     check_broadcasts(unit, x.shape, "unit")
-    inv = inverse_std(Statistics(mean, var, None if var is None else unit), epsilon)
+    if unit is not None and var is None:
+        raise ValueError("unit scales the variance (var is that of x * unit); it needs var, got var=None")
+    inv = inverse_std(Statistics(mean, var, unit), epsilon)
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
@@ -104,7 +106,7 @@ def normalize(
         ones if inv is None else inv,
         ones if scale is None else scale,
         jnp.zeros((), ones.dtype) if bias is None else bias,
-        ones if unit is None or var is None else unit,
+        ones if unit is None else unit,
     )
     return y.astype(dtype or x.dtype)
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["Statistics", "huge_unit", "inverse_std", "true_variance"]
+__all__ = ["Statistics", "huge_unit", "inverse_std", "select_in_unit", "true_variance"]
 
 
 class Statistics(NamedTuple):
@@ -49,6 +49,23 @@ def huge_unit(dtype: jnp.dtype) -> float:
     """
     emax = jnp.finfo(dtype).maxexp
     return 2.0 ** (-(3 * emax // 4))
+
+
+def select_in_unit(
+    in_range: jnp.ndarray,
+    plain: tuple[jnp.ndarray, jnp.ndarray],
+    scaled: tuple[jnp.ndarray, jnp.ndarray],
+    unit: float,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """Per group, ``(mean, spread, unit)``: the ``plain`` statistics of ``x`` (``unit = 1``) where
+    ``in_range``, else the ``scaled`` ones of ``x * unit``, whose mean is taken back to ``x``'s scale
+    (``spread``: M2 or the variance, left in the unit)."""
+    (mean, spread), (scaled_mean, scaled_spread) = plain, scaled
+    return (
+        jnp.where(in_range, mean, scaled_mean / unit),
+        jnp.where(in_range, spread, scaled_spread),
+        jnp.where(in_range, 1, unit).astype(spread.dtype),
+    )
 
 
 def true_variance(statistics: Statistics) -> jnp.ndarray | None:
