@@ -41,7 +41,16 @@ def _run(script: str, *args: str) -> str:
                 "checked lines PASS",
             ],
         ),
-        ("eager.py", ["--repeats", "1"], ["| BatchNorm p=1 | 64x8 | fwd+bwd |", "| RMSNorm | 2x8x8x16 | fwd |"]),
+        (
+            "eager.py",
+            ["--repeats", "1"],
+            ["| BatchNorm p=1 | 64x8 | fwd+bwd |", "| RMSNorm | 2x8x8x16 | fwd |"],
+        ),
+        (
+            "compile_time.py",
+            ["--depth", "1", "--repeats", "1", "--rows", "LayerNorm axes"],
+            ["| LayerNorm axes | grad |", "| layer | program | ours (s) | flax (s) | ours / flax |"],
+        ),
         ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
         # one layer: every form is traced and compiled once per pass (~20 s on 2 cores for LayerNorm)
         (

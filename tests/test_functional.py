@@ -222,9 +222,12 @@ def test_expected_topk_abs_normal_matches_quadrature(n, k):
 
 
 def test_expected_max_abs_normal_closed_form():
-    # E max(|Z1|, |Z2|) = 2 / sqrt(pi); E|Z| = sqrt(2 / pi)
-    assert float(F.expected_topk_abs_normal(2)) == pytest.approx(2 / math.sqrt(math.pi), rel=1e-6)
-    assert float(F.expected_topk_abs_normal(1)) == pytest.approx(math.sqrt(2 / math.pi), rel=1e-6)
+    # E max(|Z1|, |Z2|) = 2 / sqrt(pi); E|Z| = sqrt(2 / pi); to the documented ~1e-4 in float32 (1e-6 held
+    # with XLA's default optimization and not without it: float32 betainc), 1e-10 in float64
+    for n, want in ((2, 2 / math.sqrt(math.pi)), (1, math.sqrt(2 / math.pi))):
+        assert float(F.expected_topk_abs_normal(n)) == pytest.approx(want, rel=1e-4)
+        with oracles.float64():
+            assert float(F.expected_topk_abs_normal(n)) == pytest.approx(want, rel=1e-10)
 
 
 @pytest.mark.parametrize("n", [32, 256])
