@@ -10,15 +10,14 @@ input, the norm taken from ``norms.ROWS`` (jaxnorm's module in one network, its 
 other; batch norm in training mode with mutable ``batch_stats``). Two programs per network: *fwd* (the
 forward pass) and *grad* (``jax.grad`` of the mean output with respect to the params, what a training step
 compiles). Each sample traces, lowers and compiles the program from scratch (a new function object, the
-persistent compilation cache off); jaxnorm's and flax's samples alternate, and the table gives the median
-seconds of each and the median of the per-repeat ratios ``ours / flax``. Compilation is single-threaded
-per program on XLA:CPU, so wall time is the measure.
+persistent compilation cache off), timed in alternation by ``_timing.time_interleaved``; the table
+gives the median seconds of each and the median of the per-repeat ratios ``ours / flax``. Compilation is
+single-threaded per program on XLA:CPU, so wall time is the measure.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import flax.linen as fnn
 import jax
 import jax.numpy as jnp
 import norms
-from _timing import machine_lines
+from _timing import machine_lines, paired_ratio, time_interleaved
 
 INPUT_SHAPE = (8, 16, 16, 32)
 DEPTH = 12
@@ -47,23 +46,22 @@ def stack(norm: Callable[[], fnn.Module], depth: int) -> fnn.Module:
     return Stack()
 
 
-def programs(model: fnn.Module, x: jax.Array) -> dict[str, Callable[[], float]]:
-    """Name -> a callable that traces, lowers and compiles that program anew and returns the seconds."""
+def programs(model: fnn.Module, x: jax.Array) -> dict[str, Callable[[], None]]:
+    """Name -> a callable that traces, lowers and compiles that program anew."""
     variables = model.init(jax.random.key(0), x)
 
     def apply(params):
         return model.apply({**variables, "params": params}, x, mutable=["batch_stats"])[0]
 
-    def timed(make: Callable[[], Callable]) -> Callable[[], float]:
-        def run() -> float:
-            start = time.perf_counter()
+    def compiles(make: Callable[[], Callable]) -> Callable[[], None]:
+        def run() -> None:
             jax.jit(make()).lower(variables["params"]).compile()
-            return time.perf_counter() - start
 
         return run
 
     # a new function object per sample: nothing is reused from JAX's tracing or compilation caches
-    return {"fwd": timed(lambda: lambda p: apply(p)), "grad": timed(lambda: jax.grad(lambda p: apply(p)))}
+    fresh = lambda: lambda p: apply(p)
+    return {"fwd": compiles(fresh), "grad": compiles(lambda: jax.grad(fresh()))}
 
 
 def bench_row(row: norms.Row, depth: int, repeats: int) -> list[str]:
@@ -72,16 +70,12 @@ def bench_row(row: norms.Row, depth: int, repeats: int) -> list[str]:
     flax = programs(stack(lambda: row.flax(jnp.float32), depth), x)
     lines = []
     for kind in ours:
-        ours[kind](), flax[kind]()  # warm-up: imports, first-use initialisation
-        samples = []
-        for r in range(repeats):
-            pair = (ours[kind], flax[kind]) if r % 2 == 0 else (flax[kind], ours[kind])
-            first, second = pair[0](), pair[1]()
-            samples.append((first, second) if r % 2 == 0 else (second, first))
-        ours_s = statistics.median(a for a, _ in samples)
-        flax_s = statistics.median(b for _, b in samples)
-        ratio = statistics.median(a / b for a, b in samples)
-        lines.append(f"| {row.name} | {kind} | {ours_s:.2f} | {flax_s:.2f} | {ratio:.2f} |")
+        # one compilation per sample (min_sample_seconds=0), after an untimed warm-up (imports, first use)
+        timings = time_interleaved({"ours": ours[kind], "flax": flax[kind]}, repeats=repeats, warmup=1,
+                                   min_sample_seconds=0.0)
+        ratio = paired_ratio(timings["ours"], timings["flax"])
+        lines.append(f"| {row.name} | {kind} | {timings['ours'].median:.2f} | {timings['flax'].median:.2f} "
+                     f"| {ratio:.2f} |")
     return lines
 
 
