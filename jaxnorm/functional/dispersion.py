@@ -8,8 +8,9 @@ Sec. 2, Eq. 1) over any reduction axes, with channel groups and devices, one sma
 - mean only: the mean, no dispersion (Salimans & Kingma 2016, Sec. 2.2)
 
 The dispersion of :func:`dispersion_statistics` comes from :data:`DISPERSIONS`, as
-``(mu, sigma_hat**2, unit)`` (:class:`~jaxnorm.functional.units.Statistics`; ``unit`` is not ``None``
-only for ``p = 2``, whose variance of huge input is kept in a unit), so that every norm is
+``(mu, sigma_hat**2, unit)`` (:class:`~jaxnorm.functional.units.Statistics`; ``unit``: where the
+variance of huge input is kept in a unit, the L2 one from the sums of ``x * unit``, the others from
+their ``sigma_hat``), so that every norm is
 ``(x - mu) * rsqrt(var + eps)``; :func:`dispersion_moments` returns ``(mu, sigma_hat**2)``. Every mean
 is exact for a constant group (which then
 normalizes to exactly 0); a group that a mask leaves empty gets mean 0 and variance 1
@@ -66,7 +67,7 @@ def dispersion_kind(options: BatchOptions) -> object:
 
 
 @compiled_when_concrete(
-    static_argnames=("axes", "options", "axis_name", "axis_index_groups", "groups", "rescale_huge")
+    static_argnames=("axes", "options", "axis_name", "axis_index_groups", "groups")
 )
 def dispersion_statistics(
     x: jnp.ndarray,
@@ -77,18 +78,15 @@ def dispersion_statistics(
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
     groups: ChannelGroups | None = None,
-    rescale_huge: bool = True,
 ) -> Statistics:
     """``(mean, sigma_hat**2, unit)`` of ``x`` over ``axes`` (keepdims, float32 or wider); the engine of
     every norm. ``var`` is ``None`` with ``options.mean_only``; ``unit`` (:mod:`jaxnorm.functional.units`)
-    is ``None`` except for ``p = 2``.
+    is 1 except in groups whose statistics are huge (``None`` with ``options.mean_only``).
 
     The arguments have been validated by the caller. ``groups`` merges channels after the per-channel
     reduction; ``axis_name`` merges devices (``axis_index_groups``: per group of devices).
-    ``rescale_huge=False`` keeps the L2 statistics of ``x`` itself (``unit`` ``None``) where their
-    variance overflows (see :func:`jaxnorm.functional.normalize.per_example_norm`).
     """
-    r = Reduction(x, x, axes, mask, groups, axis_name, axis_index_groups, rescale_huge)
+    r = Reduction(x, x, axes, mask, groups, axis_name, axis_index_groups)
     return Statistics(*DISPERSIONS[dispersion_kind(options)](r, options))
 
 

@@ -28,12 +28,14 @@ from jaxnorm.functional.reduction import (
     exact_mean,
     masked_mean,
 )
+from jaxnorm.functional.units import Statistics, variance_in_unit
 
 __all__ = ["abs_deviation_sum", "l1_statistics"]
 
 
-def l1_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(mean, sigma_hat**2)`` with the L1 ``sigma_hat``, keepdims; the mean exact for constant groups."""
+def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+    """``(mean, sigma_hat**2, unit)`` with the L1 ``sigma_hat``, keepdims (the variance in a unit where it
+    is huge, :func:`~jaxnorm.functional.units.variance_in_unit`); the mean exact for constant groups."""
     moments_source, deviations = separate_reads(r.x, 2)
     r = r._replace(deviations=deviations)
     local = local_moments(moments_source, r.axes, mask=r.mask, with_m2=False)
@@ -48,7 +50,8 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp
         moments = masked_mean(moments, r.mask)
         dispersion, correction = _cross_device_dispersion(moments, local_count, r)
     mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
-    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
+    var, unit = variance_in_unit(dispersion)
+    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 
 def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:

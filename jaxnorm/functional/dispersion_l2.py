@@ -27,7 +27,7 @@ from jaxnorm.functional.moments import (
 )
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
-from jaxnorm.functional.units import Statistics, huge_unit, select_in_unit
+from jaxnorm.functional.units import Statistics, huge_unit, in_range, select_in_unit
 
 __all__ = ["l2_statistics"]
 
@@ -44,12 +44,9 @@ def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     device that shares the statistics, and only then (a :func:`jax.lax.cond`) taken again in the unit.
     The derivatives are the exact ones for either branch, written out as a custom JVP,
     ``d mean = sum(dx) / n`` and ``d var = 2 sum((x - mean) unit * dx unit) / n``, so that the backward
-    pass holds no conditional. ``r.rescale_huge=False`` keeps the statistics of ``x`` itself.
+    pass holds no conditional.
     """
     layout = r._replace(x=None, deviations=None, mask=None)
-    if not r.rescale_huge:
-        _, mean, var = _l2_in_unit(r.x, r.mask, layout, options)
-        return Statistics(mean, var)
     _, mean, var, unit = _l2_with_unit(r.x, r.mask, layout, options)
     # the unit is a constant for differentiation: a symbolic zero tangent, not an array of zeros that
     # the normalization would multiply by the input
@@ -77,15 +74,15 @@ def _l2_with_unit(
     if layout.groups is None and layout.axis_name is None:
         return _local_l2(x, mask, layout.axes, options)
     count, mean, var = _l2_in_unit(x, mask, layout, options)
-    in_range = jnp.isfinite(mean) & jnp.isfinite(var)
+    plain = in_range(mean, var)
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
         unit = huge_unit(var.dtype)
         _, mean_u, var_u = _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)
-        return select_in_unit(in_range, (mean, var), (mean_u, var_u), unit)
+        return select_in_unit(plain, (mean, var), (mean_u, var_u), unit)
 
     # the count stays outside the conditional: a constant where there is no mask
-    return count, *lax.cond(jnp.all(in_range), lambda: (mean, var, jnp.ones_like(var)), rescaled)
+    return count, *lax.cond(jnp.all(plain), lambda: (mean, var, jnp.ones_like(var)), rescaled)
 
 
 def _local_l2(

@@ -27,12 +27,13 @@ from jaxnorm.functional.reduction import (
     masked_extremes,
     masked_mean,
 )
+from jaxnorm.functional.units import Statistics, variance_in_unit
 
 __all__ = ["linf_statistics", "max_deviation"]
 
 
-def linf_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(mean, sigma_hat**2)`` with the calibrated L∞ ``sigma_hat``, keepdims; the mean exact for
+def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+    """``(mean, sigma_hat**2, unit)`` with the calibrated L∞ ``sigma_hat``, keepdims; the mean exact for
     constant groups."""
     moments_source, extremes_source = separate_reads(r.x, 2)
     moments = group_combine(local_moments(moments_source, r.axes, mask=r.mask, with_m2=False), r.groups)
@@ -55,7 +56,8 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, j
     constant = linf_calibration(moments.count, None, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
-    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
+    var, unit = variance_in_unit(dispersion)
+    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))

@@ -34,12 +34,13 @@ from jaxnorm.functional.reduction import (
     masked_extremes,
     masked_mean,
 )
+from jaxnorm.functional.units import Statistics, variance_in_unit
 
 __all__ = ["TOPK_BLOCK", "topk_statistics"]
 
 
-def topk_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(mean, sigma_hat**2)`` with the calibrated top-k ``sigma_hat``, keepdims; the mean exact for
+def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
+    """``(mean, sigma_hat**2, unit)`` with the calibrated top-k ``sigma_hat``, keepdims; the mean exact for
     constant groups."""
     k = options.topk
     moments_source, deviations = separate_reads(r.x, 2)
@@ -58,7 +59,8 @@ def topk_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, j
     constant = linf_calibration(moments.count, k, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact), r.mask).mean
-    return mean, empty_statistics(jnp.square(dispersion), moments.count, r.mask)
+    var, unit = variance_in_unit(dispersion)
+    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 
 def _topk_mean(largest: jnp.ndarray, mean: jnp.ndarray, count: jnp.ndarray, k: int) -> jnp.ndarray:

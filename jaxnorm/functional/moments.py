@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.functional.platform import separate_reads
-from jaxnorm.functional.units import huge_unit, select_in_unit
+from jaxnorm.functional.units import huge_unit, in_range, select_in_unit
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -157,21 +157,23 @@ def mean_m2_unit(
         shifted_mean, shifted_m2 = shifted_pass(x, mean)
         if not rescale:
             return shifted_mean, shifted_m2, ones
-        in_range = jnp.isfinite(shifted_mean) & jnp.isfinite(shifted_m2)
+        plain = in_range(shifted_mean, shifted_m2)
 
         def in_unit() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
             unit = huge_unit(mean.dtype)
             scaled = _widen(x, mask) * unit
             centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-            return select_in_unit(in_range, (shifted_mean, shifted_m2), shifted_pass(scaled, centre), unit)
+            return select_in_unit(plain, (shifted_mean, shifted_m2), shifted_pass(scaled, centre), unit)
 
-        return lax.cond(jnp.all(in_range), lambda: (shifted_mean, shifted_m2, ones), in_unit)
+        return lax.cond(jnp.all(plain), lambda: (shifted_mean, shifted_m2, ones), in_unit)
 
     if last_axis or not one_pass:
         return careful()
     raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
-    # raw sums that overflow (huge input) are not finite and take the careful pass too
-    well_conditioned = jnp.all((total * mean <= CONDITION_LIMIT * raw_m2) & jnp.isfinite(raw_m2))
+    # groups that may need the unit (huge input, in_range false) take the careful pass too
+    well_conditioned = total * mean <= CONDITION_LIMIT * raw_m2
+    representable = in_range(mean, raw_m2) if rescale else jnp.isfinite(raw_m2)
+    well_conditioned = jnp.all(well_conditioned & representable)
     return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0), ones), careful)
 
 

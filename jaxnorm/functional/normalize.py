@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, separate_reads
-from jaxnorm.functional.units import Statistics, inverse_std
+from jaxnorm.functional.units import Statistics, huge_unit, in_range, inverse_std
 
 __all__ = [
     "RELU_MEAN",
@@ -184,7 +185,10 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     half-precision ``x`` is not copied to memory as float32.
     """
     if not centred:
-        return None, lax.rsqrt(jnp.mean(jnp.square(_widen(x)), -1, keepdims=True) + epsilon)
+        mean_square = jnp.mean(jnp.square(_widen(x)), -1, keepdims=True)
+        plain = in_range(mean_square, mean_square)
+        inv = lax.rsqrt(mean_square + epsilon)
+        return None, lax.cond(jnp.all(plain), lambda: inv, lambda: _huge_rms_rows(x, plain, inv))
     sum_source, square_source = separate_reads(x, 2)
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
     raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
@@ -222,6 +226,17 @@ def _huge_rows(
     inv = lax.rsqrt(jnp.maximum(scaled_var, jnp.finfo(scaled_var.dtype).tiny)) / unit
     mean, shifted_inv = shifted
     return jnp.where(in_range, mean, centre + unit * scaled_mean), jnp.where(in_range, shifted_inv, inv)
+
+
+def _huge_rms_rows(x: jnp.ndarray, plain: jnp.ndarray, inv: jnp.ndarray) -> jnp.ndarray:
+    """``rsqrt(mean(x^2) + eps)`` of rows whose mean square leaves the dtype's range (:func:`in_range`):
+    ``rsqrt(mean((x / D)^2)) / D`` with ``D = max |x|`` of the row (``eps / D^2`` is below rounding
+    there); rows that are ``plain`` keep ``inv``."""
+    values = _widen(x)
+    largest = jnp.max(jnp.abs(values), -1, keepdims=True)
+    scaled = values / jnp.where(largest > 0, largest, 1)
+    huge_inv = lax.rsqrt(jnp.mean(jnp.square(scaled), -1, keepdims=True)) / largest
+    return jnp.where(plain, inv, huge_inv)
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
@@ -293,18 +308,8 @@ def per_example_norm(
         )
         return y.astype(dtype or x.dtype)
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance)
-    # Instance-norm reductions (per example and channel, the channel axis kept) keep the statistics of x
-    # itself on huge input: the unit costs about 20 % of their backward pass on XLA:CPU (docs/benchmarks.md)
-    instance_like = groups is None and x.ndim - 1 not in axes
     mean, var, unit = dispersion_statistics(
-        x,
-        axes,
-        options,
-        mask=mask,
-        groups=groups,
-        axis_name=axis_name,
-        axis_index_groups=axis_index_groups,
-        rescale_huge=not instance_like,
+        x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
     return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
 
@@ -428,21 +433,64 @@ def rms_norm(
         ones = jnp.ones((), x32.dtype)
         y = _last_axis_norm(x32, ones if scale is None else scale, jnp.zeros((), x32.dtype), epsilon, False)
         return y.astype(x.dtype)
+    reduction = _SquareReduction(axes, axis_name, axis_index_groups)
+    mean_square, unit = _mean_square_in_unit(x32, mask, reduction)
+    inv = inverse_std(Statistics(jnp.zeros((), x32.dtype), mean_square, unit), epsilon)
+    return ((x32 * unit) * (inv if scale is None else inv * scale)).astype(x.dtype)
+
+
+class _SquareReduction(NamedTuple):
+    """Where RMS norm's mean square is taken: ``axes``, and the devices of ``axis_name``."""
+
+    axes: tuple[int, ...]
+    axis_name: str | Sequence[str] | None
+    axis_index_groups: AxisIndexGroups
+
+
+def _masked_mean(values: jnp.ndarray, mask: jnp.ndarray | None, r: _SquareReduction, empty: float):
+    """The mean of ``values`` over the True elements of ``mask`` (averaged over the devices), ``empty``
+    for a row without elements."""
     if mask is None:
-        mean_square = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+        mean = jnp.mean(values, axis=r.axes, keepdims=True)
     else:
-        count = jnp.sum(mask, axis=axes, keepdims=True, dtype=x32.dtype)
-        total = jnp.sum(jnp.where(mask, jnp.square(x32), 0), axis=axes, keepdims=True)
-        mean_square = total / jnp.maximum(count, 1)
-    if axis_name is not None:
-        mean_square = lax.pmean(mean_square, axis_name, axis_index_groups=axis_index_groups)
-    if mask is not None:  # a row without elements: mean square 1 (no amplification, as in batch norm)
-        has_elements = count > 0
-        if axis_name is not None:
-            has_elements = lax.psum(count, axis_name, axis_index_groups=axis_index_groups) > 0
-        mean_square = jnp.where(has_elements, mean_square, 1)
-    inv = lax.rsqrt(mean_square + epsilon)
-    return (x32 * (inv if scale is None else inv * scale)).astype(x.dtype)
+        count = jnp.sum(mask, axis=r.axes, keepdims=True, dtype=values.dtype)
+        mean = jnp.sum(jnp.where(mask, values, 0), axis=r.axes, keepdims=True) / jnp.maximum(count, 1)
+    if r.axis_name is not None:
+        mean = lax.pmean(mean, r.axis_name, axis_index_groups=r.axis_index_groups)
+    if mask is None:
+        return mean
+    has_elements = count > 0
+    if r.axis_name is not None:
+        has_elements = lax.psum(count, r.axis_name, axis_index_groups=r.axis_index_groups) > 0
+    return jnp.where(has_elements, mean, empty)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _mean_square_in_unit(
+    x: jnp.ndarray, mask: jnp.ndarray | None, r: _SquareReduction
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(mean((x * unit)^2), unit)`` per row (a row without elements: mean square 1, no amplification,
+    as in batch norm): ``unit = 1`` except where the mean square of ``x`` leaves the dtype's range
+    (:func:`~jaxnorm.functional.units.in_range`), taken again on ``x * unit`` behind a
+    :func:`jax.lax.cond`. Derivative (custom JVP, no conditional in the backward pass):
+    ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
+    mean_square = _masked_mean(jnp.square(x), mask, r, 1)
+    plain = in_range(mean_square, mean_square)
+
+    def rescaled() -> tuple[jnp.ndarray, jnp.ndarray]:
+        unit = huge_unit(x.dtype)
+        scaled = _masked_mean(jnp.square(x * unit), mask, r, 1)
+        return jnp.where(plain, mean_square, scaled), jnp.where(plain, 1, unit).astype(x.dtype)
+
+    return lax.cond(jnp.all(plain), lambda: (mean_square, jnp.ones_like(mean_square)), rescaled)
+
+
+@_mean_square_in_unit.defjvp
+def _mean_square_in_unit_jvp(r, primals, tangents):
+    x, mask = primals
+    mean_square, unit = _mean_square_in_unit(x, mask, r)
+    tangent = 2 * _masked_mean((x * unit) * (tangents[0] * unit), mask, r, 0)
+    return (mean_square, unit), (tangent, jnp.zeros_like(unit))
 
 
 RELU_MEAN = 1 / math.sqrt(2 * math.pi)

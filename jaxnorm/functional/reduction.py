@@ -38,8 +38,7 @@ __all__ = [
 class Reduction(NamedTuple):
     """What a dispersion reduces: ``x`` (``deviations`` is the alias of it that the deviation pass reads,
     :func:`jaxnorm.functional.platform.separate_reads`), over ``axes``, with ``mask``, merged over
-    channel ``groups`` and the devices of ``axis_name``; ``rescale_huge``: whether the L2 statistics of
-    groups whose variance overflows are taken again in a unit (:mod:`jaxnorm.functional.units`)."""
+    channel ``groups`` and the devices of ``axis_name``."""
 
     x: jnp.ndarray
     deviations: jnp.ndarray
@@ -48,7 +47,6 @@ class Reduction(NamedTuple):
     groups: ChannelGroups | None
     axis_name: str | Sequence[str] | None
     axis_index_groups: AxisIndexGroups
-    rescale_huge: bool = True
 
     def group_sum(self, stat: jnp.ndarray) -> jnp.ndarray:
         """A per-channel keepdims sum merged over the channels of a group (this device only)."""

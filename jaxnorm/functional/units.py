@@ -2,8 +2,14 @@
 
 A float32 variance overflows beyond ``sigma_hat = 1.8e19`` (``1e154`` in float64), and the sum of
 squares on its way there sooner, although such input is finite and normalizes to ordinary numbers.
-Where that happens the L2 statistics are taken of ``x * unit`` instead, with ``unit`` the power of two
-:func:`huge_unit` (``2^-96`` in float32), so that ``var`` is the variance of ``x * unit`` and
+Well before that the derivatives fail: the cotangent of the variance is of order ``n / sigma_hat^2``,
+below the smallest normal float32 number from ``sigma_hat ~ 2^63``, and the derivative of ``rsqrt``
+as written by autodiff, ``-0.5 rsqrt(v) / v``, underflows from ``sigma_hat ~ 2^42`` (4e12). So the
+statistics of a group leave ``x``'s own scale from ``var > 2^(emax - emax / 8)`` (:func:`in_range`;
+``sigma_hat > 2^56 = 7e16`` in float32) and :func:`inverse_std` writes its derivative as
+``-0.5 rsqrt(v) (dv / v)``. Where that happens the statistics are taken of ``x * unit`` instead,
+with ``unit`` the power of two :func:`huge_unit` (``2^-96`` in float32), so that ``var`` is the
+variance of ``x * unit`` and
 
     y = (x * unit - mean * unit) * rsqrt(var + epsilon * unit^2)
 
@@ -18,10 +24,19 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["Statistics", "huge_unit", "inverse_std", "select_in_unit", "true_variance"]
+__all__ = [
+    "Statistics",
+    "huge_unit",
+    "in_range",
+    "inverse_std",
+    "select_in_unit",
+    "true_variance",
+    "variance_in_unit",
+]
 
 
 class Statistics(NamedTuple):
@@ -51,6 +66,17 @@ def huge_unit(dtype: jnp.dtype) -> float:
     return 2.0 ** (-(3 * emax // 4))
 
 
+def in_range(mean: jnp.ndarray, spread: jnp.ndarray) -> jnp.ndarray:
+    """Per group, whether its statistics stay in ``x``'s own scale: ``mean`` finite and ``spread`` (a
+    variance or M2) below ``2^(emax - emax / 8)`` (``2^112`` in float32, ``2^896`` in float64), tested as
+    ``isfinite(spread * 2^(emax / 8))``: a finiteness test, which the scale-invariance tracer of
+    :mod:`jaxnorm.enorm` sees through where it could not see through a threshold.
+    ``sigma_hat <= 2^56`` there keeps the derivatives of the normalization normal numbers
+    (module docstring); beyond, the unit puts ``sigma_hat * unit`` between ``2^-40`` and ``2^32``."""
+    headroom = 2.0 ** (jnp.finfo(spread.dtype).maxexp // 8)
+    return jnp.isfinite(mean) & jnp.isfinite(spread * headroom)
+
+
 def select_in_unit(
     in_range: jnp.ndarray,
     plain: tuple[jnp.ndarray, jnp.ndarray],
@@ -66,6 +92,17 @@ def select_in_unit(
         jnp.where(in_range, spread, scaled_spread),
         jnp.where(in_range, 1, unit).astype(spread.dtype),
     )
+
+
+def variance_in_unit(dispersion: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``((sigma_hat * unit)^2, unit)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and top-k
+    ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond. Per group,
+    no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1 in ``x``, so
+    ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times ``sigma_hat`` is
+    exact (ordinary groups keep ``sigma_hat^2`` bit for bit)."""
+    plain = in_range(dispersion, jnp.square(dispersion))
+    unit = lax.stop_gradient(jnp.where(plain, 1, huge_unit(dispersion.dtype)).astype(dispersion.dtype))
+    return jnp.square(dispersion * unit), unit
 
 
 def true_variance(statistics: Statistics) -> jnp.ndarray | None:
@@ -84,4 +121,19 @@ def inverse_std(statistics: Statistics, epsilon: float) -> jnp.ndarray | None:
     var, unit = statistics.var, statistics.unit
     if var is None:
         return None
-    return lax.rsqrt(var + (epsilon if unit is None else epsilon * unit * unit))
+    return _rsqrt(var + (epsilon if unit is None else epsilon * unit * unit))
+
+
+@jax.custom_jvp
+def _rsqrt(v: jnp.ndarray) -> jnp.ndarray:
+    """``rsqrt(v)`` whose derivative is written ``-0.5 rsqrt(v) (dv / v)``: autodiff's
+    ``-0.5 (rsqrt(v) / v) dv`` forms ``v^-1.5``, which underflows for ``v > 2^84`` in float32 (the
+    transpose, ``(ct (-0.5 rsqrt(v))) / v``, then forms ``ct / sqrt(v)`` first)."""
+    return lax.rsqrt(v)
+
+
+@_rsqrt.defjvp
+def _rsqrt_jvp(primals, tangents):
+    (v,), (v_dot,) = primals, tangents
+    inv = lax.rsqrt(v)
+    return inv, (-0.5 * inv) * (v_dot / v)
