@@ -27,7 +27,7 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
-from jaxnorm.functional.dispersion import dispersion_statistics
+from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.functional.units import Statistics, true_variance
@@ -295,7 +295,13 @@ def batch_norm(
         keepdims=True,
     )
     return normalize_batch(
-        x, mean, var, virtual_batch_size=options.virtual_batch_size, epsilon=epsilon, unit=unit
+        x,
+        mean,
+        var,
+        virtual_batch_size=options.virtual_batch_size,
+        epsilon=epsilon,
+        unit=unit,
+        scaled_deviations=deviations_in_unit(options),
     )
 
 
@@ -310,11 +316,14 @@ def normalize_batch(
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
     unit: jnp.ndarray | None = None,
+    scaled_deviations: bool = True,
 ) -> jnp.ndarray:
     """:func:`normalize` with keepdims batch statistics, per ghost batch when ``virtual_batch_size``
-    is given (the statistics then carry the leading ghost axis of :func:`batch_moments`); ``unit`` as
-    :func:`normalize`'s."""
-    affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
+    is given (the statistics then carry the leading ghost axis of :func:`batch_moments`); ``unit`` and
+    ``scaled_deviations`` as :func:`normalize`'s."""
+    affine = dict(
+        scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit, scaled_deviations=scaled_deviations
+    )
     if virtual_batch_size is None:
         return normalize(x, mean, var, **affine)
     return normalize(ghost_batches(x, virtual_batch_size), mean, var, **affine).reshape(x.shape)

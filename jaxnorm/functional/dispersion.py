@@ -35,7 +35,14 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
 from jaxnorm.functional.units import Statistics, true_variance
 
-__all__ = ["DISPERSIONS", "dispersion_kind", "dispersion_moments", "dispersion_statistics", "mean_statistics"]
+__all__ = [
+    "DISPERSIONS",
+    "deviations_in_unit",
+    "dispersion_kind",
+    "dispersion_moments",
+    "dispersion_statistics",
+    "mean_statistics",
+]
 
 
 def mean_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, None]:
@@ -64,6 +71,15 @@ def dispersion_kind(options: BatchOptions) -> object:
     if options.mean_only:
         return "mean"
     return "topk" if options.topk is not None else options.p
+
+
+def deviations_in_unit(options: BatchOptions) -> bool:
+    """Whether statistics of these ``options`` kept in a unit need the deviations scaled too
+    (``normalize(..., scaled_deviations=...)``): the L2 ones, whose sums were taken of ``x * unit``
+    where those of ``x`` overflow, so ``x - mean`` itself can overflow. The L1, L∞ and top-k ones
+    are finite only where every deviation is (their sums and extremes are of ``|x - mean|``), so the
+    unit scales their inverse alone."""
+    return dispersion_kind(options) == 2
 
 
 @compiled_when_concrete(

@@ -27,6 +27,7 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
+from jaxnorm.functional.dispersion import deviations_in_unit
 from jaxnorm.functional.moments import ChannelGroups
 from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
 from jaxnorm.functional.options import BatchOptions
@@ -139,6 +140,7 @@ def batch_norm_layer(
         epsilon=epsilon,
         dtype=out_dtype,
         unit=unit,
+        scaled_deviations=deviations_in_unit(options),
     )
     if not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)

@@ -32,7 +32,7 @@ from jaxnorm.functional._checks import (
     num_groups_of,
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
-from jaxnorm.functional.dispersion import dispersion_statistics
+from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
@@ -62,6 +62,7 @@ def normalize(
     epsilon: float = 1e-5,
     dtype: jnp.dtype | None = None,
     unit: jnp.ndarray | None = None,
+    scaled_deviations: bool = True,
 ) -> jnp.ndarray:
     """``y = (x - mean) * rsqrt(var + epsilon) * scale + bias`` (Ioffe & Szegedy 2015, Alg. 1).
 
@@ -69,7 +70,10 @@ def normalize(
     ``bias`` broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype``
     (default ``x.dtype``). Used for both the batch-statistics and the running-statistics path. With
     ``unit`` (:mod:`jaxnorm.functional.units`: ``var`` is the variance of ``x * unit``) it is
-    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``.
+    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``, or, with
+    ``scaled_deviations=False`` (statistics whose every deviation ``x - mean`` is finite: :func:`~jaxnorm.
+    functional.dispersion.deviations_in_unit`), ``(x - mean) * (rsqrt(var + epsilon * unit^2) * unit)
+    * scale + bias``: one product per group instead of two per element.
 
     Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
     (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
@@ -88,7 +92,10 @@ def normalize(
     check_broadcasts(unit, x.shape, "unit")
     if unit is not None and var is None:
         raise ValueError("unit scales the variance (var is that of x * unit); it needs var, got var=None")
+    scaled_deviations = check_bool(scaled_deviations, "scaled_deviations")
     inv = inverse_std(Statistics(mean, var, unit), epsilon)
+    if unit is not None and not scaled_deviations:
+        inv, unit = inv * unit, None
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
@@ -311,7 +318,8 @@ def per_example_norm(
     mean, var, unit = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    return normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=unit)
+    affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
+    return normalize(x, mean, var, **affine, unit=unit, scaled_deviations=deviations_in_unit(options))
 
 
 def layer_norm(
