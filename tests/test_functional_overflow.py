@@ -371,3 +371,17 @@ def test_p_not_2_input_near_the_float32_maximum():
     x = _input("float32", 3e38, "all")
     y = F.batch_norm(x, p=1)
     assert np.all(np.isfinite(np.asarray(y)))
+
+
+def test_normalize_scaled_deviations_is_the_same_normalization():
+    """``scaled_deviations=False`` scales the inverse alone: the same values as the scaled deviations
+    wherever ``x - mean`` is finite (unit 1 or ``2^-96``), the argument validated by name."""
+    x = jnp.asarray(np.random.default_rng(4).normal(size=(16, 3)) * 1e30, jnp.float32)
+    unit = jnp.asarray([[1.0, 2.0**-96, 2.0**-96]], jnp.float32)
+    mean = jnp.mean(x, 0, keepdims=True)
+    var = np.var(np.asarray(x, np.float64) * np.asarray(unit, np.float64), 0, keepdims=True)
+    var = jnp.asarray(np.where([[True, False, False]], 1.0, var), jnp.float32)
+    kept, folded = (F.normalize(x, mean, var, unit=unit, scaled_deviations=s) for s in (True, False))
+    np.testing.assert_allclose(np.asarray(folded), np.asarray(kept), rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="scaled_deviations"):
+        F.normalize(x, mean, var, unit=unit, scaled_deviations="no")
