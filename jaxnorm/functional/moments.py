@@ -79,9 +79,10 @@ def local_moments(
 
     Two ways to M2, each run where XLA (CPU and GPU) makes it cheapest:
 
-    - Reductions over the last (contiguous) axis — layer norm over several axes — take two passes, the
+    - Reductions over the last axis alone (masked or across devices; short rows) take two passes, the
       second over ``d = x - mean``: XLA fuses a row's normalization into one kernel, so it costs nothing.
-    - Other reductions — batch norm, group / instance norm over spatial axes — read ``x`` once for
+    - Other reductions — batch norm, group / instance norm over spatial axes, layer norm over several
+      axes (rows too long to stay in cache between passes) — read ``x`` once for
       ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
       when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
       cancellation case (flax's ``use_fast_variance``), a constant group included — a
@@ -138,7 +139,7 @@ def mean_m2_unit(
     (:mod:`jaxnorm.functional.units`), found inside the conditional that already takes the careful
     pass, so ordinary groups run no other conditional; ``unit = 1`` elsewhere."""
     safe_count = jnp.maximum(count, 1)
-    last_axis = x.ndim - 1 in axes
+    last_axis = axes == (x.ndim - 1,)
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
     total = jnp.sum(_widen(sum_source, mask), axis=axes, keepdims=True)
     mean = total / safe_count
