@@ -4,7 +4,7 @@ use (Ioffe & Szegedy, *Batch normalization*, ICML 2015, Alg. 1).
 Count, mean and ``M2`` come from :func:`jaxnorm.functional.moments.local_moments` (stable shifted sums),
 merged over the channels of a group and over devices with Chan et al.'s formula: one collective, an
 all-gather of count, mean and M2 (:func:`jaxnorm.functional.collectives.gather_combine`). Groups whose
-variance (or mean) overflows the dtype are computed again on ``x * unit``
+variance (or mean) leaves :func:`~jaxnorm.functional.units.in_range` are computed again on ``x * unit``
 (:mod:`jaxnorm.functional.units`).
 """
 
@@ -34,7 +34,7 @@ __all__ = ["l2_statistics"]
 
 def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     """``(mean, M2 / n, unit)`` of ``r.x`` over ``r.axes``, keepdims; the variance itself, not the square
-    of its root, and ``unit = 1`` except in groups whose variance overflows (then the statistics of
+    of its root, and ``unit = 1`` except in groups whose variance leaves ``in_range`` (then the statistics of
     ``x * unit``, :mod:`jaxnorm.functional.units`). A constant group has an exact mean and ``M2 = 0``
     (the shifted-data pass of :func:`~jaxnorm.functional.moments.local_moments`).
 

@@ -135,8 +135,8 @@ def mean_m2_unit(
     rescale: bool = True,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Mean, M2 and unit of every group of ``x`` over ``axes`` (see :func:`local_moments`): with
-    ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself overflows
-    (:mod:`jaxnorm.functional.units`), found inside the conditional that already takes the careful
+    ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself leaves
+    :func:`~jaxnorm.functional.units.in_range`, found inside the conditional that already takes the careful
     pass, so ordinary groups run no other conditional; ``unit = 1`` elsewhere."""
     safe_count = jnp.maximum(count, 1)
     last_axis = axes == (x.ndim - 1,)

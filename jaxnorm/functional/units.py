@@ -45,7 +45,8 @@ class Statistics(NamedTuple):
     Attributes:
       mean: the mean ``mu`` of ``x``.
       var: ``sigma_hat**2`` of ``x * unit`` (``None``: mean-only normalization).
-      unit: 1, or :func:`huge_unit` where the variance of ``x`` itself overflows (``None``: 1 everywhere).
+      unit: 1, or :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`
+        (``None``: 1 everywhere).
     """
 
     mean: jnp.ndarray
@@ -55,11 +56,11 @@ class Statistics(NamedTuple):
 
 def huge_unit(dtype: jnp.dtype) -> float:
     """``2^(-3/4 emax)`` of ``dtype`` (``2^-96`` in float32, ``2^-768`` in float64): the scale of ``x`` for
-    groups whose variance overflows.
+    groups whose statistics leave :func:`in_range`.
 
-    Such a group has ``sum (x - mean)^2 >= 2^emax``, so with ``n <= 2^30`` elements its largest scaled
-    square is at least ``2^(-emax / 2 - 30)`` (``2^-94`` in float32: normal, 32 binades above the
-    flush-to-zero limit), and the largest finite ``x`` gives a sum of scaled squares below
+    Such a group has ``sum (x - mean)^2 >= 2^(7 emax / 8)``, so with ``n <= 2^30`` elements its largest
+    scaled square is at least ``2^(-5 emax / 8 - 30)`` (``2^-110`` in float32: normal, 16 binades above
+    the flush-to-zero limit), and the largest finite ``x`` gives a sum of scaled squares below
     ``n 2^(emax / 2 + 2)`` (``2^96``): no underflow that matters and no overflow.
     """
     emax = jnp.finfo(dtype).maxexp
