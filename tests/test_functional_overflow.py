@@ -385,3 +385,15 @@ def test_normalize_scaled_deviations_is_the_same_normalization():
     np.testing.assert_allclose(np.asarray(folded), np.asarray(kept), rtol=1e-6, atol=1e-6)
     with pytest.raises(TypeError, match="scaled_deviations"):
         F.normalize(x, mean, var, unit=unit, scaled_deviations="no")
+
+
+def test_rms_norm_last_axis_near_the_float32_maximum():
+    """Last-axis RMS norm: rows of root mean square 1e37 exact (against the same rows times ``2^-100``);
+    rows near the float32 maximum finite (their ``1 / rms`` is below the normal numbers: zeros, the
+    documented limit; a division by the row's max gave Inf there)."""
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.normal(size=(4, 16)) * 1e37, jnp.float32)
+    np.testing.assert_allclose(np.asarray(F.rms_norm(x)), np.asarray(F.rms_norm(x * 2.0**-100)), rtol=1e-5)
+    top = jnp.asarray(np.clip(rng.normal(size=(4, 16)) * 3e38, -3.4e38, 3.4e38), jnp.float32)
+    y, g = F.rms_norm(top), jax.grad(lambda v: jnp.sum(F.rms_norm(v) * jnp.arange(16.0)))(top)
+    assert np.all(np.isfinite(np.asarray(y))) and np.all(np.isfinite(np.asarray(g)))

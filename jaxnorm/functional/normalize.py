@@ -237,12 +237,14 @@ def _huge_rows(
 
 def _huge_rms_rows(x: jnp.ndarray, plain: jnp.ndarray, inv: jnp.ndarray) -> jnp.ndarray:
     """``rsqrt(mean(x^2) + eps)`` of rows whose mean square leaves the dtype's range (:func:`in_range`):
-    ``rsqrt(mean((x / D)^2)) / D`` with ``D = max |x|`` of the row (``eps / D^2`` is below rounding
-    there); rows that are ``plain`` keep ``inv``."""
-    values = _widen(x)
-    largest = jnp.max(jnp.abs(values), -1, keepdims=True)
-    scaled = values / jnp.where(largest > 0, largest, 1)
-    huge_inv = lax.rsqrt(jnp.mean(jnp.square(scaled), -1, keepdims=True)) / largest
+    ``rsqrt(mean((x u)^2)) u`` with ``u`` the power of two :func:`huge_unit` (exact; ``eps u^2`` is below
+    rounding there; a division by the row's ``max |x|`` would be compiled as a product by its
+    reciprocal, which flushes to 0 near the dtype's maximum); rows that are ``plain`` keep ``inv``.
+    Rows whose root mean square exceeds ``1 / tiny`` (``8.5e37`` in float32) get an ``inv`` below the
+    normal numbers, flushed to 0: zeros out, not Inf."""
+    unit = huge_unit(inv.dtype)
+    scaled = _widen(x) * unit
+    huge_inv = lax.rsqrt(jnp.mean(jnp.square(scaled), -1, keepdims=True)) * unit
     return jnp.where(plain, inv, huge_inv)
 
 
