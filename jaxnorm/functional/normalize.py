@@ -194,7 +194,7 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     if not centred:
         # no scaled pass for rows whose mean square overflows (zeros out, the open gap of
         # docs/functional.md): its conditional would split the one fused kernel XLA:CPU makes of
-        # the row's reduction and normalization (bf16 forward 2x slower)
+        # the row's reduction and normalization (docs/benchmarks.md, "Huge input")
         return None, lax.rsqrt(jnp.mean(jnp.square(_widen(x)), -1, keepdims=True) + epsilon)
     sum_source, square_source = separate_reads(x, 2)
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
