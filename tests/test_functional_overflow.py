@@ -60,8 +60,11 @@ def _ids(shape, kind):
     return np.broadcast_to(ids, shape)
 
 
-def _linen(module):
+def _linen(module, mutable=False):
+    """``x -> module.apply(variables, x)``; ``mutable``: training mode, the updated collections dropped."""
     variables = module.init(jax.random.key(0), jnp.zeros(IMG, jnp.float32))
+    if mutable:
+        return lambda x: module.apply(variables, x, mutable=["batch_stats"])[0]
     return lambda x: module.apply(variables, x)
 
 
@@ -333,14 +336,9 @@ SWEEP_CASES = {
     "instance_norm_p=inf": lambda x: F.instance_norm(x, p="inf", epsilon=EPSILON),
     "layer_norm_p=1": lambda x: F.layer_norm(x, p=1, epsilon=EPSILON),
     "layer_norm_axes_p=inf": lambda x: F.layer_norm(x, axis=(1, 2, 3), p="inf", epsilon=EPSILON),
-    "linen_BatchNorm_p=1": lambda x: _linen_train(jn.BatchNorm(use_running_average=False, p=1))(x),
+    "linen_BatchNorm_p=1": lambda x: _linen(jn.BatchNorm(use_running_average=False, p=1), True)(x),
     "nnx_GroupNorm_p=inf": lambda x: _nnx(jnnx.GroupNorm(4, num_groups=2, p="inf", rngs=nnx.Rngs(0)))(x),
 }
-
-
-def _linen_train(module):
-    variables = module.init(jax.random.key(0), jnp.zeros(IMG, jnp.float32))
-    return lambda x: module.apply(variables, x, mutable=["batch_stats"])[0]
 
 
 RMS_LAST_AXIS_GAP = pytest.mark.xfail(
