@@ -36,7 +36,7 @@ from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statist
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.platform import distinct, separate_reads
+from jaxnorm.functional.platform import distinct, per_platform, separate_reads
 from jaxnorm.functional.units import Statistics, huge_unit, in_range, inverse_std
 
 __all__ = [
@@ -167,17 +167,24 @@ def _last_axis_norm(
     copy of the row statistics, so the backward pass writes no full-size temporary (measurements in
     ``docs/benchmarks.md``).
     """
-    mean, inv = _row_statistics(x, epsilon, centred)
-    return _centre(_widen(x), mean) * (inv * scale) + bias
+    mean, inv, unit = _row_statistics(x, epsilon, centred)
+    return _centre(_widen(x, unit), mean) * (inv * scale) + bias
 
 
-def _widen(x: jnp.ndarray) -> jnp.ndarray:
-    return x.astype(stats_dtype(x))
+def _widen(x: jnp.ndarray, unit: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``x`` in the statistics dtype, times the row's ``unit`` where there is one (RMS norm)."""
+    wide = x.astype(stats_dtype(x))
+    return wide if unit is None else wide * unit
 
 
 @compiled_when_concrete(static_argnames=("epsilon", "centred"))
-def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.ndarray | None, jnp.ndarray]:
-    """The row mean (None unless ``centred``) and ``rsqrt`` of the row variance (or mean square) + eps.
+def _row_statistics(
+    x: jnp.ndarray, epsilon: float, centred: bool
+) -> tuple[jnp.ndarray | None, jnp.ndarray, jnp.ndarray | None]:
+    """The row mean (None unless ``centred``), ``rsqrt`` of the row variance (or mean square) + eps, and
+    the row's unit (RMS norm; None when ``centred``): the normalized row is ``(x * unit - mean) * inv``.
+    RMS norm takes :func:`rms_row_statistics`, except in XLA:CPU's one fused kernel
+    (:func:`~jaxnorm.functional.platform.per_platform`).
 
     Centred: one pass for ``m = mean(x)`` and ``var = mean(x^2) - m^2`` (the two sums XLA fuses with the
     row's normalization), kept when every row is well conditioned, ``m^2 <= CONDITION_LIMIT * var``
@@ -192,10 +199,7 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
     half-precision ``x`` is not copied to memory as float32.
     """
     if not centred:
-        # no scaled pass for rows whose mean square overflows (zeros out, the open gap of
-        # docs/functional.md): its conditional would split the one fused kernel XLA:CPU makes of
-        # the row's reduction and normalization (docs/benchmarks.md, "Huge input")
-        return None, lax.rsqrt(jnp.mean(jnp.square(_widen(x)), -1, keepdims=True) + epsilon)
+        return (None, *per_platform(_fused_rms_row_statistics, rms_row_statistics, x, epsilon))
     sum_source, square_source = separate_reads(x, 2)
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
     raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
@@ -213,7 +217,36 @@ def _row_statistics(x: jnp.ndarray, epsilon: float, centred: bool) -> tuple[jnp.
 
     # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
     well_conditioned = jnp.all((jnp.square(rough) <= CONDITION_LIMIT * raw_var) & jnp.isfinite(raw_var))
-    return lax.cond(well_conditioned, one_pass, shifted_pass)
+    return (*lax.cond(well_conditioned, one_pass, shifted_pass), None)
+
+
+def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(inv, unit)`` of RMS norm over the last axis, ``y = (x * unit) * inv``:
+    ``inv = rsqrt(mean((x * unit)^2) + eps unit^2)``, ``unit = 1`` where the row's mean square is
+    finite, else :func:`~jaxnorm.functional.units.huge_unit` (``rms > 1.8e19`` in float32). Both mean
+    squares are taken, sibling reductions of one read of the row, and selected per row without a
+    conditional (``epsilon unit^2`` is below rounding where the unit is not 1:
+    :mod:`~jaxnorm.functional.units`)."""
+    wide = _widen(x)
+    unit_value = huge_unit(wide.dtype)
+    mean_square = jnp.mean(jnp.square(wide), -1, keepdims=True)
+    scaled_mean_square = jnp.mean(jnp.square(wide * unit_value), -1, keepdims=True)
+    plain = jnp.isfinite(mean_square)
+    # the unselected side of each select is kept finite, so that its zero cotangent stays zero
+    inv = jnp.where(
+        plain,
+        lax.rsqrt(jnp.where(plain, mean_square, 1) + epsilon),
+        lax.rsqrt(jnp.where(plain, 1, scaled_mean_square)),
+    )
+    return inv, lax.stop_gradient(jnp.where(plain, 1, unit_value).astype(wide.dtype))
+
+
+def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """:func:`rms_row_statistics` as XLA:CPU fuses it into one kernel with the normalization: one mean
+    square, ``unit = 1``; a row whose mean square overflows (``rms > 1.8e19`` in float32) comes out as
+    zeros, as in flax (documented in ``docs/functional.md``, "Huge activations")."""
+    mean_square = jnp.mean(jnp.square(_widen(x)), -1, keepdims=True)
+    return lax.rsqrt(mean_square + epsilon), jnp.ones_like(mean_square)
 
 
 def _huge_rows(
@@ -242,8 +275,8 @@ def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
 def _last_axis_norm_jvp(epsilon, centred, primals, tangents):
     x, scale, bias = primals
     x_dot, scale_dot, bias_dot = (_instantiate(t) for t in tangents)
-    mean, inv = _row_statistics(x, epsilon, centred)
-    x, x_dot = _widen(x), _widen(x_dot)
+    mean, inv, unit = _row_statistics(x, epsilon, centred)
+    x, x_dot = _widen(x, unit), _widen(x_dot, unit)
     y = _centre(x, mean) * (inv * scale) + bias
     # scale not differentiated (symbolic-zero tangent: the input-only gradient): the plain form, which
     # platform_forms.py measures faster there; otherwise distinct copies, faster for the full gradient

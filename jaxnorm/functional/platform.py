@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["distinct", "separate_reads"]
+__all__ = ["distinct", "per_platform", "separate_reads"]
 
 
 def _on_cpu_only(barrier, values):
@@ -38,3 +38,13 @@ def separate_reads(x: jnp.ndarray, num: int) -> tuple[jnp.ndarray, ...]:
     if x.dtype == jnp.promote_types(x.dtype, jnp.float32):
         return (x,) * num
     return _on_cpu_only(lambda v: lax.optimization_barrier(v), (x,) * num)
+
+
+def per_platform(cpu_form, default_form, *args):
+    """``cpu_form(*args)`` when lowered for CPU, ``default_form(*args)`` on every other platform.
+
+    For the one place where XLA:CPU's fused kernel and the form GPU/TPU fuse differ in numerics, not
+    only in scheduling: last-axis RMS norm (:func:`jaxnorm.functional.rms_norm`), whose default form
+    keeps rows of mean square beyond the dtype's maximum in a unit and whose CPU form, XLA:CPU's one
+    fused kernel, gives zeros there, as flax's does (measurements in ``docs/benchmarks.md``)."""
+    return lax.platform_dependent(*args, cpu=cpu_form, default=default_form)
