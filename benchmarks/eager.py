@@ -70,13 +70,19 @@ def main() -> None:
     parser.add_argument("--image", default="2x8x8x16", help="per-example norms' input (NHWC)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--rows", default=None, help="comma-separated row names to run, exact (default: all)")
     args = parser.parse_args()
+    wanted = None if args.rows is None else set(args.rows.split(","))
     vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1
     image = jax.random.normal(jax.random.key(2), _shape(args.image))
     print("\n".join(machine_lines([f"eager calls, clock {args.clock}, repeats {args.repeats}"])))
     print("\n| layer | input | pass | jaxnorm ms | flax ms | jaxnorm/flax |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, ours, anchor, x in rows(vector, image):
+    table = [row for row in rows(vector, image) if wanted is None or row[0] in wanted]
+    if wanted is not None and len(table) != len(wanted):
+        known = [row[0] for row in rows(vector, image)]
+        parser.error(f"--rows: unknown names {sorted(wanted - set(known))}; known: {known}")
+    for name, ours, anchor, x in table:
         for pass_name, candidate in PASSES.items():
             timings = time_interleaved(
                 {"ours": candidate(ours, x), "flax": candidate(anchor, x)},

@@ -73,8 +73,32 @@ def pytest_report_header(config):
     return f"jaxnorm: most XLA optimizations {state}"
 
 
+LONG_FIRST = (
+    "test_user_optimization.py::",
+    "test_data_cifar10_jpeg.py::test_real_archive",
+    "test_data.py::test_real_fashion_mnist",
+    "test_readme.py::",
+    "test_enorm_fuzz.py::",
+    "test_train_sigkill.py::",
+    "test_distributed.py::",
+    "test_benchmarks.py::",
+)
+"""Tests of 10-100 s each (``--durations``), run first: with ``-n 2`` they then overlap each other and the
+many short tests, instead of one of them running alone at the end while the other worker is idle."""
+
+
+def _long_first(items):
+    def rank(item):
+        name = f"{item.path.name}::{item.name}"
+        return next((i for i, prefix in enumerate(LONG_FIRST) if name.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within each rank, and of all other tests, is kept
+
+
 def pytest_collection_modifyitems(config, items):
-    """Without optimizations, leave the edge modules to ``test_user_optimization.py`` where it runs too."""
+    """Long tests first; without optimizations, leave the edge modules to ``test_user_optimization.py``
+    where it runs too."""
+    _long_first(items)
     if not OPTIMIZATIONS_OFF or not any(item.path.name == "test_user_optimization.py" for item in items):
         return
     elsewhere = [item for item in items if item.path.name in USER_OPTIMIZATION_MODULES]

@@ -43,17 +43,20 @@ def _run(script: str, *args: str) -> str:
         ),
         (
             "eager.py",
-            ["--repeats", "1"],
+            ["--repeats", "1", "--rows", "BatchNorm p=1,RMSNorm"],
             ["| BatchNorm p=1 | 64x8 | fwd+bwd |", "| RMSNorm | 2x8x8x16 | fwd |"],
         ),
-        (
+        # compile_time.py and platform_forms.py measure compilers, not kernels: each program is compiled
+        # whole even at the smallest input (10-20 s apiece on 2 cores): slow, rerun by hand with each table
+        pytest.param(
             "compile_time.py",
             ["--depth", "1", "--repeats", "1", "--rows", "LayerNorm axes"],
             ["| LayerNorm axes | grad |", "| layer | program | ours (s) | flax (s) | ours / flax |"],
+            marks=pytest.mark.slow,
         ),
         ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
-        # one layer: every form is traced and compiled once per pass (~20 s on 2 cores for LayerNorm)
-        (
+        # one layer: every form is traced and compiled once per pass
+        pytest.param(
             "platform_forms.py",
             [*TINY, "--rows", "LayerNorm"],
             [
@@ -61,6 +64,7 @@ def _run(script: str, *args: str) -> str:
                 "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | normalize.separate_reads |",
                 "| form | programs reached | best gain | worst gain | verdict |",
             ],
+            marks=pytest.mark.slow,
         ),
         # optim.py and enorm.py build ResNets even at their smallest (1.5-2 min each on 2 cores): slow.
         pytest.param(

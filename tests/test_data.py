@@ -325,9 +325,10 @@ def test_real_fashion_mnist_is_prepared_offline_and_loads(fashion_dir):
     assert (fashion_dir / "fashion_mnist").is_dir()
     assert not (fashion_dir / "downloads").exists()  # extracted files went to a scratch dir
     assert ds.num_examples == 60_000 and ds.steps_per_epoch == 120
-    labels = np.concatenate([b["label"] for b in ds])
+    batches = list(ds.epoch(0))  # one pass (an epoch holds every example once)
+    labels = np.concatenate([b["label"] for b in batches])
     assert np.bincount(labels).tolist() == [6000] * 10  # each label once per epoch
-    images = np.concatenate([b["image"] for b in ds.epoch(0)])
+    images = np.concatenate([b["image"] for b in batches])
     assert images.shape == (60_000, 28, 28, 1)
     # The recorded per-channel statistics standardise the training set.
     assert abs(images.mean()) < 1e-3 and abs(images.std() - 1) < 1e-3
