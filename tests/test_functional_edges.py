@@ -36,6 +36,33 @@ def test_constant_input_normalizes_to_exactly_zero(name, p, value, dtype):
     np.testing.assert_array_equal(np.asarray(y, np.float32), 0.0)
 
 
+@pytest.mark.parametrize("p", P_VALUES)
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_constant_input_at_epsilon_zero_is_zero_with_finite_gradient(name, p):
+    """``epsilon=0`` (allowed: exact scale invariance) on a constant group was ``0 * rsqrt(0)``, NaN in
+    the output and the gradient; ``epsilon`` is floored at the smallest normal number of the statistics
+    dtype, so the group normalizes to exactly 0 and the gradient is finite."""
+    x = jnp.full((8, 3, 3, 4), 12345.678, jnp.float32)
+    fn = lambda x: NORMS[name](x, p, epsilon=0.0)
+    weights = jnp.cos(jnp.arange(4.0))
+    y, grad = fn(x), jax.grad(lambda x: jnp.sum(fn(x) * weights))(x)
+    np.testing.assert_array_equal(np.asarray(y), 0.0)
+    assert bool(jnp.all(jnp.isfinite(grad)))
+
+
+def test_epsilon_zero_rms_and_running_statistics_stay_finite():
+    """RMS norm of a zero row and a BatchNorm evaluated on a zero running variance, at ``epsilon=0``."""
+    zeros = jnp.zeros((3, 8), jnp.float32)
+    for fn in (lambda x: F.rms_norm(x, epsilon=0.0), lambda x: F.rms_norm(x, axis=(0, 1), epsilon=0.0)):
+        y, grad = fn(zeros), jax.grad(lambda x, fn=fn: jnp.sum(fn(x) * jnp.arange(8.0)))(zeros)
+        np.testing.assert_array_equal(np.asarray(y), 0.0)
+        assert bool(jnp.all(jnp.isfinite(grad)))
+    layer = jn.BatchNorm(use_running_average=True, epsilon=0.0)
+    variables = layer.init(KEY, zeros)
+    variables = {**variables, "batch_stats": {"mean": jnp.zeros(8), "var": jnp.zeros(8)}}
+    np.testing.assert_array_equal(np.asarray(layer.apply(variables, zeros)), 0.0)
+
+
 def test_issue_examples_are_zero():
     np.testing.assert_array_equal(F.batch_norm(jnp.full((64, 4), 12345.678), p=1), 0.0)
     np.testing.assert_array_equal(F.layer_norm(jnp.full((2, 16), 1.2345678e6)), 0.0)

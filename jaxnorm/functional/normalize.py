@@ -37,7 +37,7 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, per_platform, separate_reads
-from jaxnorm.functional.units import Statistics, huge_unit, in_range, inverse_std
+from jaxnorm.functional.units import Statistics, epsilon_floor, huge_unit, in_range, inverse_std
 
 __all__ = [
     "RELU_MEAN",
@@ -198,6 +198,7 @@ def _row_statistics(
     :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
     half-precision ``x`` is not copied to memory as float32.
     """
+    epsilon = epsilon_floor(epsilon, stats_dtype(x))
     if not centred:
         return (None, *per_platform(_fused_rms_row_statistics, rms_row_statistics, x, epsilon))
     sum_source, square_source = separate_reads(x, 2)

@@ -30,6 +30,7 @@ from jax import lax
 
 __all__ = [
     "Statistics",
+    "epsilon_floor",
     "huge_unit",
     "in_range",
     "inverse_std",
@@ -116,12 +117,24 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     return jnp.where(unit == 1, var, jnp.minimum(var / unit / unit, top))
 
 
+def epsilon_floor(epsilon: float, dtype: jnp.dtype) -> float:
+    """``epsilon``, or the smallest normal number of the statistics ``dtype`` where ``epsilon`` is 0.
+
+    With ``epsilon = 0`` a constant group (variance exactly 0, deviations exactly 0) would be ``0 / 0``;
+    floored, it normalizes to exactly 0 with finite derivatives, and every group whose variance is a
+    normal number is unchanged (the floor is below its rounding). A static choice: a positive
+    ``epsilon`` gives the same program as before."""
+    return max(float(epsilon), float(jnp.finfo(dtype).tiny))
+
+
 def inverse_std(statistics: Statistics, epsilon: float) -> jnp.ndarray | None:
     """``rsqrt(var + epsilon * unit^2)``: the factor of the scaled deviations ``(x - mean) * unit``
-    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is not 1)."""
+    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is not 1; ``epsilon`` floored by
+    :func:`epsilon_floor`)."""
     var, unit = statistics.var, statistics.unit
     if var is None:
         return None
+    epsilon = epsilon_floor(epsilon, var.dtype)
     return _rsqrt(var + (epsilon if unit is None else epsilon * unit * unit))
 
 
