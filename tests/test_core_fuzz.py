@@ -517,6 +517,31 @@ def test_finite_output_and_gradients_and_constant_is_zero(name, p, dtype_name, f
                 assert np.all(bad == 0), f"{kind} in {dtype_name} gives |y| up to {bad.max():.3g}, not 0"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 14, open: float16 input, epsilon=0, tiny groups: the input gradient's parts (about 1e7 "
+    "each, beyond float16) are cast to float16 before they are summed: NaN where the sum is representable",
+)
+def test_float16_gradient_at_epsilon_zero_on_tiny_input():
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(16, 4)) * 2e-7 + 5e-8, jnp.float16)
+    r = jnp.asarray(np.random.default_rng(1).normal(size=x.shape), jnp.float32)
+    grad = jax.grad(lambda x: jnp.sum(F.batch_norm(x, epsilon=0.0).astype(jnp.float32) * r))(x)
+    assert not bool(jnp.any(jnp.isnan(grad)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 14, open: epsilon=0 and a mask that keeps one element of a row: the group's variance is "
+    "0, the floored epsilon makes its inverse 1.8e19, and the unmasked elements' gradient overflows (NaN)",
+)
+def test_one_element_mask_gradient_at_epsilon_zero():
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16)), jnp.float32)
+    mask = jnp.arange(16) == 3
+    r = jnp.asarray(np.random.default_rng(3).normal(size=x.shape), jnp.float32)
+    grad = jax.grad(lambda x: jnp.sum(F.layer_norm(x, mask=mask, epsilon=0.0) * r))(x)
+    assert bool(jnp.all(jnp.isfinite(grad)))
+
+
 # ---------------------------------------------------------------------------------------------------
 # 3. Empty and one-element masks
 
