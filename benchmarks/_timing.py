@@ -15,6 +15,7 @@ Conventions (see ``docs/benchmarks.md``):
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-__all__ = ["CLOCKS", "Timing", "machine_lines", "paired_ratio", "time_interleaved"]
+__all__ = ["CLOCKS", "Timing", "machine_lines", "paired_ratio", "parse_row_names", "time_interleaved"]
 
 Candidate = Callable[[], Any]
 Clock = Callable[[], float]
@@ -162,3 +163,13 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def parse_row_names(text: str, known: Sequence[str]) -> tuple[str, ...]:
+    """The comma-separated row names of a ``--rows`` argument, each one of ``known`` (an argparse error
+    naming the unknown one otherwise)."""
+    names = tuple(text.split(","))
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"expected row names among {sorted(known)}, got {name!r}")
+    return names

@@ -19,7 +19,7 @@ import argparse
 import flax.linen as fnn
 import jax
 import jax.numpy as jnp
-from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+from _timing import CLOCKS, machine_lines, paired_ratio, parse_row_names, time_interleaved
 from norms import shape_text
 
 import jaxnorm.nn as jn
@@ -70,19 +70,16 @@ def main() -> None:
     parser.add_argument("--image", default="2x8x8x16", help="per-example norms' input (NHWC)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
-    parser.add_argument("--rows", default=None, help="comma-separated row names to run, exact (default: all)")
+    known = [name for name, *_ in rows(None, None)]
+    parser.add_argument("--rows", type=lambda text: parse_row_names(text, known), default=tuple(known),
+                        help="comma-separated row names to run, exact (default: all)")
     args = parser.parse_args()
-    wanted = None if args.rows is None else set(args.rows.split(","))
     vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1
     image = jax.random.normal(jax.random.key(2), _shape(args.image))
     print("\n".join(machine_lines([f"eager calls, clock {args.clock}, repeats {args.repeats}"])))
     print("\n| layer | input | pass | jaxnorm ms | flax ms | jaxnorm/flax |")
     print("| --- | --- | --- | --- | --- | --- |")
-    table = [row for row in rows(vector, image) if wanted is None or row[0] in wanted]
-    if wanted is not None and len(table) != len(wanted):
-        known = [row[0] for row in rows(vector, image)]
-        parser.error(f"--rows: unknown names {sorted(wanted - set(known))}; known: {known}")
-    for name, ours, anchor, x in table:
+    for name, ours, anchor, x in (row for row in rows(vector, image) if row[0] in args.rows):
         for pass_name, candidate in PASSES.items():
             timings = time_interleaved(
                 {"ours": candidate(ours, x), "flax": candidate(anchor, x)},

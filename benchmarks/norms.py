@@ -31,7 +31,7 @@ from collections.abc import Callable
 import flax.linen as fnn
 import jax
 import jax.numpy as jnp
-from _timing import CLOCKS, Timing, machine_lines, paired_ratio, time_interleaved
+from _timing import CLOCKS, Timing, machine_lines, paired_ratio, parse_row_names, time_interleaved
 
 import jaxnorm.nn as jnn
 
@@ -254,11 +254,7 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
 
 def parse_rows(text: str) -> tuple[Row, ...]:
     by_name = {row.name: row for row in ROWS}
-    names = text.split(",")
-    for name in names:
-        if name not in by_name:
-            raise argparse.ArgumentTypeError(f"expected row names among {sorted(by_name)}, got {name!r}")
-    return tuple(by_name[name] for name in names)
+    return tuple(by_name[name] for name in parse_row_names(text, list(by_name)))
 
 
 def bench_inputs(shape: tuple[int, ...], dtype) -> tuple[jax.Array, jax.Array]:
