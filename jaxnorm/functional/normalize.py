@@ -230,8 +230,7 @@ def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp
     :mod:`~jaxnorm.functional.units`)."""
     wide = _widen(x)
     unit_value = huge_unit(wide.dtype)
-    mean_square = jnp.mean(jnp.square(wide), -1, keepdims=True)
-    scaled_mean_square = jnp.mean(jnp.square(wide * unit_value), -1, keepdims=True)
+    mean_square, scaled_mean_square = _row_mean_square(wide), _row_mean_square(wide * unit_value)
     plain = jnp.isfinite(mean_square)
     # the unselected side of each select is kept finite, so that its zero cotangent stays zero
     inv = jnp.where(
@@ -246,8 +245,12 @@ def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarr
     """:func:`rms_row_statistics` as XLA:CPU fuses it into one kernel with the normalization: one mean
     square, ``unit = 1``; a row whose mean square overflows (``rms > 1.8e19`` in float32) comes out as
     zeros, as in flax (documented in ``docs/functional.md``, "Huge activations")."""
-    mean_square = jnp.mean(jnp.square(_widen(x)), -1, keepdims=True)
+    mean_square = _row_mean_square(_widen(x))
     return lax.rsqrt(mean_square + epsilon), jnp.ones_like(mean_square)
+
+
+def _row_mean_square(values: jnp.ndarray) -> jnp.ndarray:
+    return jnp.mean(jnp.square(values), -1, keepdims=True)
 
 
 def _huge_rows(
