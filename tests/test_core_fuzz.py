@@ -529,17 +529,62 @@ def test_float16_gradient_at_epsilon_zero_on_tiny_input():
     assert not bool(jnp.any(jnp.isnan(grad)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14, open: epsilon=0 and a mask that keeps one element of a row: the group's variance is "
-    "0, the floored epsilon makes its inverse 1.8e19, and the unmasked elements' gradient overflows (NaN)",
-)
-def test_one_element_mask_gradient_at_epsilon_zero():
-    x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16)), jnp.float32)
-    mask = jnp.arange(16) == 3
-    r = jnp.asarray(np.random.default_rng(3).normal(size=x.shape), jnp.float32)
-    grad = jax.grad(lambda x: jnp.sum(F.layer_norm(x, mask=mask, epsilon=0.0) * r))(x)
-    assert bool(jnp.all(jnp.isfinite(grad)))
+ZERO_EPSILON = {
+    "batch_norm": lambda x, m, p: F.batch_norm(x, mask=m, epsilon=0.0, **p_kwargs(p)),
+    "ghost_batch_norm": lambda x, m, p: F.batch_norm(x, virtual_batch_size=4, epsilon=0.0, **p_kwargs(p)),
+    "layer_norm": lambda x, m, p: F.layer_norm(x, mask=m, epsilon=0.0, **p_kwargs(p)),
+    "layer_norm_axes": lambda x, m, p: F.layer_norm(x, axis=(0, 1), mask=m, epsilon=0.0, **p_kwargs(p)),
+    "group_norm": lambda x, m, p: F.group_norm(x[None], 2, mask=None if m is None else m[None],
+                                               epsilon=0.0, **p_kwargs(p))[0],
+    "instance_norm": lambda x, m, p: F.instance_norm(x[None], mask=None if m is None else m[None],
+                                                     epsilon=0.0, **p_kwargs(p))[0],
+    "rms_norm": lambda x, m, p: F.rms_norm(x, mask=m, epsilon=0.0),
+    "rms_norm_axes": lambda x, m, p: F.rms_norm(x, axis=(0, 1), mask=m, epsilon=0.0),
+}
+ZERO_EPSILON_PS = {
+    "batch_norm": ALL_P, "ghost_batch_norm": (2, "topk"), "rms_norm": (2,), "rms_norm_axes": (2,)
+}
+"""p per function (the others: 2 and, alternately, 1 or inf)."""
+ZERO_EPSILON_CASES = [
+    (n, p) for i, n in enumerate(ZERO_EPSILON) for p in ZERO_EPSILON_PS.get(n, (2, (1, "inf")[i % 2]))
+]
+ZERO_EPSILON_KINDS = ("normal", "constant", "zero_row", "one_element_mask", "tiny-60", "tiny-63", "tiny-66")
+
+
+@functools.cache
+def _zero_epsilon_run(name, p, masked):
+    fn = lambda x, m, r: jnp.sum(ZERO_EPSILON[name](x, m, p).astype(jnp.float32) * r)
+    return jax.jit(lambda x, m, r: (ZERO_EPSILON[name](x, m, p), jax.grad(fn)(x, m, r)))
+
+
+@pytest.mark.parametrize(("name", "p"), ZERO_EPSILON_CASES, ids=[f"{n}-p={p}" for n, p in ZERO_EPSILON_CASES])
+@fuzz(2)
+@given(seed=st.integers(0, 2**16))
+def test_epsilon_zero_is_finite_on_degenerate_input(name, p, seed):
+    """``epsilon=0`` (exact scale invariance) on every kind of degenerate (8, 64) input: constant rows,
+    a zero row, a mask that keeps one element per row, and ordinary data scaled by ``2^-k`` down to
+    ``2^-66`` (variances near and below the smallest normal float32): output and input gradient finite,
+    and the constant rows exactly 0. Before the floor was a select and tiny variances were lifted
+    (:func:`jaxnorm.functional.units.lift_tiny`), these gradients were NaN / Inf."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(8, 64)) + 3.0
+    r = jnp.asarray(rng.normal(size=base.shape), jnp.float32)
+    for kind in ZERO_EPSILON_KINDS:
+        x, mask = base.copy(), None
+        if kind == "constant":
+            x[...] = INEXACT_CONSTANTS[seed % len(INEXACT_CONSTANTS)]
+        elif kind == "zero_row":
+            x[seed % 8] = 0.0
+        elif kind == "one_element_mask":
+            mask = jnp.asarray(np.arange(64) == seed % 64) & jnp.ones(base.shape, bool)
+        elif kind.startswith("tiny"):
+            x = x * 2.0 ** int(kind[4:])
+        xd = jnp.asarray(x, jnp.float32)
+        y, g = (np.asarray(a, np.float64) for a in _zero_epsilon_run(name, p, mask is not None)(xd, mask, r))
+        what = f"{name} p={p} {kind}"
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(g)), what
+        if kind == "constant" and not name.startswith("rms"):
+            assert np.all(y == 0), what
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ gave zeros (1e19), NaN (1e26) or Inf.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 
@@ -433,3 +434,103 @@ def test_normalize_scaled_deviations_is_the_same_normalization():
     with pytest.raises(TypeError, match="scaled_deviations"):
         F.normalize(x, mean, var, unit=unit, scaled_deviations="no")
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiny input at epsilon = 0: the norms are then exactly homogeneous of degree 0, so x * 2^-k must give
+# the output of x and the gradient times 2^k. Before the variance's floor was a select and tiny
+# variances were lifted into a unit (units.lift_tiny), p != 2 came out wrong from 2^-60 (sigma_hat^2
+# underflowed to the floor) and the floor itself, added to the variance, moved p = 2 from 2^-56.
+
+TINY_CASES = {
+    "batch_norm": lambda x: F.batch_norm(x, epsilon=0.0),
+    "ghost_batch_norm": lambda x: F.batch_norm(x, virtual_batch_size=2, epsilon=0.0),
+    "group_norm": lambda x: F.group_norm(x, 2, epsilon=0.0),
+    "instance_norm": lambda x: F.instance_norm(x, epsilon=0.0),
+    "layer_norm": lambda x: F.layer_norm(x, epsilon=0.0),
+    "layer_norm_axes": lambda x: F.layer_norm(x, axis=(1, 2, 3), epsilon=0.0),
+    "rms_norm": lambda x: F.rms_norm(x, epsilon=0.0),
+    "rms_norm_masked": lambda x: F.rms_norm(x, epsilon=0.0, mask=jnp.arange(4) != 2),
+    "batch_norm_p=1": lambda x: F.batch_norm(x, p=1, epsilon=0.0),
+    "batch_norm_p=inf": lambda x: F.batch_norm(x, p="inf", epsilon=0.0),
+    "batch_norm_top-3": lambda x: F.batch_norm(x, p="inf", topk=3, epsilon=0.0),
+    "group_norm_p=1": lambda x: F.group_norm(x, 2, p=1, epsilon=0.0),
+    "instance_norm_p=inf": lambda x: F.instance_norm(x, p="inf", epsilon=0.0),
+    "layer_norm_p=1": lambda x: F.layer_norm(x, p=1, epsilon=0.0),
+    "layer_norm_axes_p=inf": lambda x: F.layer_norm(x, axis=(1, 2, 3), p="inf", epsilon=0.0),
+    "nnx_GroupNorm_p=inf": lambda x: _nnx(
+        jnnx.GroupNorm(4, num_groups=2, p="inf", epsilon=0.0, rngs=nnx.Rngs(0))
+    )(x),
+}
+TINY_EXPONENTS_P2 = (20, 40, 50, 56)
+"""p = 2 squares the deviations: below ``2^-56`` some squares fall under the smallest normal float32
+number (XLA flushes them to zero), so the variance itself is inexact there (documented)."""
+TINY_EXPONENTS = (20, 40, 60, 70, 80, 90)
+"""p != 2 never squares ``x``: exact while ``sigma_hat * tiny_unit`` squared is normal (``2^-95``)."""
+
+
+TINY_SLOW = (
+    "ghost_batch_norm", "instance_norm", "batch_norm_p=inf", "group_norm_p=1", "layer_norm_axes_p=inf",
+    "group_norm", "rms_norm", "instance_norm_p=inf",
+)
+"""Cases whose path another case already takes (same statistics, other groups): with the slow suite."""
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in TINY_SLOW else []) for n in sorted(TINY_CASES)]
+)
+def test_norms_at_epsilon_zero_are_exact_on_tiny_input(name):
+    fn = TINY_CASES[name]
+    p2 = not any(tag in name for tag in ("p=1", "p=inf", "top-"))
+    r = jnp.asarray(np.random.default_rng(13).normal(size=IMG), jnp.float32)
+    run = jax.jit(lambda x: (fn(x), jax.grad(lambda x: jnp.sum(fn(x) * r))(x)))
+    x = jnp.asarray(np.random.default_rng(14).normal(size=IMG) + 0.5, jnp.float32)
+    y_ref, g_ref = (np.asarray(a, np.float64) for a in run(x))
+    for k in TINY_EXPONENTS_P2 if p2 else TINY_EXPONENTS:
+        what = f"{name}, |x| ~ 2^-{k}, epsilon=0"
+        y, g = (np.asarray(a, np.float64) for a in run(x * 2.0**-k))
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(g)), what
+        np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=what)
+        scaled = g_ref * 2.0**k
+        np.testing.assert_allclose(g, scaled, rtol=1e-3, atol=1e-4 * np.max(np.abs(scaled)), err_msg=what)
+
+
+@pytest.mark.parametrize("name", ["batch_norm", "layer_norm_axes", "group_norm", "rms_norm_axes"])
+def test_p2_gradient_at_epsilon_zero_is_finite_where_the_variance_is_tiny(name):
+    """Groups of 1024 with ``sigma_hat ~ 1e-19`` (variance near the smallest normal float32): the
+    variance's cotangent, ``~ n / sigma_hat^2`` times the inverse's, overflowed (gradient -inf / NaN);
+    lifted into ``tiny_unit`` (or floored by a select where the variance underflowed) it is finite,
+    as the gradient itself is (``~ 1 / sigma_hat``)."""
+    fn = {
+        "batch_norm": lambda x: F.batch_norm(x, epsilon=0.0),
+        "layer_norm_axes": lambda x: F.layer_norm(x.T, axis=(0, 1), epsilon=0.0),
+        "group_norm": lambda x: F.group_norm(x.reshape(2, 32, 16, 4), 2, epsilon=0.0),
+        "rms_norm_axes": lambda x: F.rms_norm(x, axis=(0, 1), epsilon=0.0, mask=jnp.ones(x.shape, bool)),
+    }[name]
+    rng = np.random.default_rng(0)
+    loss = lambda x, r: jnp.sum(fn(x) * r.reshape(fn(x).shape))
+    run = jax.jit(lambda x, r: (fn(x), jax.grad(loss)(x, r)))
+    for scale in (3e-19, 1e-19, 4e-20):
+        x = jnp.asarray(rng.normal(size=(1024, 4)) * scale + 3 * scale, jnp.float32)
+        y, g = run(x, jnp.asarray(rng.normal(size=x.shape), jnp.float32))
+        finite = bool(jnp.all(jnp.isfinite(y))) and bool(jnp.all(jnp.isfinite(g)))
+        assert finite, f"{name}, |x - mean| ~ {scale}"
+
+
+@pytest.mark.parametrize("p", [2, 1])
+def test_tiny_unit_is_compiled_only_where_epsilon_is_below_its_bound(p):
+    """The unit of tiny groups is a static choice (``units.needs_tiny_unit``): a positive ``epsilon``
+    compiles no ``tiny_unit`` (``2^32``) and no test for it; ``epsilon = 0`` does, in batch, group and
+    layer norm and masked RMS norm."""
+    x = jnp.ones((8, 4, 4, 16), jnp.float32)
+    fns = (
+        lambda x, e: F.batch_norm(x, p=p, epsilon=e),
+        lambda x, e: F.group_norm(x, 4, p=p, epsilon=e),
+        lambda x, e: F.layer_norm(x, axis=(1, 2, 3), p=p, epsilon=e),
+        lambda x, e: F.rms_norm(x, axis=(1, 2, 3), mask=jnp.ones(x.shape, bool), epsilon=e),
+    )
+    for fn in fns:
+        for epsilon, compiled in ((1e-5, False), (1e-12, False), (0.0, True)):
+            loss = functools.partial(lambda x, fn, e: jnp.sum(fn(x, e) ** 3), fn=fn, e=epsilon)
+            text = jax.jit(jax.grad(loss)).lower(x).as_text()
+            assert ("4.2949673E+9" in text) == compiled, (epsilon, text[:2000])

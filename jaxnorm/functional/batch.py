@@ -28,9 +28,10 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
 from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
+from jaxnorm.functional.moments import stats_dtype
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
-from jaxnorm.functional.units import Statistics, true_variance
+from jaxnorm.functional.units import Statistics, needs_tiny_unit, true_variance
 
 __all__ = [
     "BatchOptions",
@@ -285,6 +286,7 @@ def batch_norm(
     epsilon = check_epsilon(epsilon)
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
+    options = options._replace(tiny_groups=needs_tiny_unit(epsilon, stats_dtype(x)))
     mean, var, unit = batch_statistics_with_unit(
         x,
         options,

@@ -50,7 +50,7 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
         moments = masked_mean(moments, r.mask)
         dispersion, correction = _cross_device_dispersion(moments, local_count, r)
     mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
-    var, unit = variance_in_unit(dispersion)
+    var, unit = variance_in_unit(dispersion, options.tiny_groups)
     return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 

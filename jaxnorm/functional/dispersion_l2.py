@@ -27,7 +27,7 @@ from jaxnorm.functional.moments import (
 )
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
-from jaxnorm.functional.units import Statistics, huge_unit, in_range, select_in_unit
+from jaxnorm.functional.units import Statistics, huge_unit, in_range, lift_tiny, select_in_unit
 
 __all__ = ["l2_statistics"]
 
@@ -35,7 +35,9 @@ __all__ = ["l2_statistics"]
 def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     """``(mean, M2 / n, unit)`` of ``r.x`` over ``r.axes``, keepdims; the variance itself, not the square
     of its root, and ``unit = 1`` except in groups whose variance leaves ``in_range`` (then the statistics of
-    ``x * unit``, :mod:`jaxnorm.functional.units`). A constant group has an exact mean and ``M2 = 0``
+    ``x * unit``, :mod:`jaxnorm.functional.units`) and, with ``options.tiny_groups``, in groups whose
+    variance is tiny (then the same variance in :func:`~jaxnorm.functional.units.tiny_unit`,
+    :func:`~jaxnorm.functional.units.lift_tiny`). A constant group has an exact mean and ``M2 = 0``
     (the shifted-data pass of :func:`~jaxnorm.functional.moments.local_moments`).
 
     Groups that need no merge (no channel groups, no devices) find their unit inside the conditional
@@ -72,7 +74,19 @@ def _l2_with_unit(
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``(count, mean, var, unit)``; see :func:`l2_statistics`."""
     if layout.groups is None and layout.axis_name is None:
-        return _local_l2(x, mask, layout.axes, options)
+        count, mean, var, unit = _local_l2(x, mask, layout.axes, options)
+    else:
+        count, mean, var, unit = _merged_l2(x, mask, layout, options)
+    if options.tiny_groups:
+        var, unit = lift_tiny(var, unit)
+    return count, mean, var, unit
+
+
+def _merged_l2(
+    x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(count, mean, var, unit)`` of groups merged over channels or devices, the unit chosen after
+    the merge."""
     count, mean, var = _l2_in_unit(x, mask, layout, options)
     plain = in_range(mean, var)
 

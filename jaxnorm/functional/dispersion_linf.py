@@ -56,7 +56,7 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     constant = linf_calibration(moments.count, None, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
-    var, unit = variance_in_unit(dispersion)
+    var, unit = variance_in_unit(dispersion, options.tiny_groups)
     return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 

@@ -59,7 +59,7 @@ def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     constant = linf_calibration(moments.count, k, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact), r.mask).mean
-    var, unit = variance_in_unit(dispersion)
+    var, unit = variance_in_unit(dispersion, options.tiny_groups)
     return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 
 

@@ -28,10 +28,10 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import deviations_in_unit
-from jaxnorm.functional.moments import ChannelGroups
+from jaxnorm.functional.moments import ChannelGroups, stats_dtype
 from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.units import true_variance
+from jaxnorm.functional.units import needs_tiny_unit, true_variance
 
 __all__ = [
     "INSTANCE_BATCH_AXIS_MESSAGE",
@@ -122,7 +122,7 @@ def batch_norm_layer(
 
     statistics = batch_statistics_with_unit(
         x,
-        options,
+        options._replace(tiny_groups=needs_tiny_unit(epsilon, stats_dtype(x))),
         axis=feature_axes,
         mask=mask,
         axis_name=axis_name,

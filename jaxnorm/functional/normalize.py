@@ -37,7 +37,15 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, ChannelGroups, stats_dtype
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, per_platform, separate_reads
-from jaxnorm.functional.units import Statistics, epsilon_floor, huge_unit, in_range, inverse_std
+from jaxnorm.functional.units import (
+    Statistics,
+    add_epsilon,
+    huge_unit,
+    in_range,
+    inverse_std,
+    lift_tiny,
+    needs_tiny_unit,
+)
 
 __all__ = [
     "RELU_MEAN",
@@ -198,22 +206,22 @@ def _row_statistics(
     :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
     half-precision ``x`` is not copied to memory as float32.
     """
-    epsilon = epsilon_floor(epsilon, stats_dtype(x))
     if not centred:
-        return (None, *per_platform(_fused_rms_row_statistics, rms_row_statistics, x, epsilon))
+        forms = (_fused_rms_row_statistics, rms_row_statistics)
+        return (None, *per_platform(*(functools.partial(f, epsilon=epsilon) for f in forms), x))
     sum_source, square_source = separate_reads(x, 2)
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
     raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
 
     def one_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        return rough, lax.rsqrt(jnp.maximum(raw_var, 0) + epsilon)
+        return rough, lax.rsqrt(add_epsilon(jnp.maximum(raw_var, 0), epsilon))
 
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
         d = _widen(x) - rough
         correction = jnp.mean(d, -1, keepdims=True)
         var = jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
         in_range = jnp.isfinite(rough) & jnp.isfinite(var)
-        shifted = (rough + correction, lax.rsqrt(jnp.maximum(var, 0) + epsilon))
+        shifted = (rough + correction, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)))
         return lax.cond(jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, rough, in_range, shifted))
 
     # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
@@ -235,7 +243,7 @@ def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp
     # the unselected side of each select is kept finite, so that its zero cotangent stays zero
     inv = jnp.where(
         plain,
-        lax.rsqrt(jnp.where(plain, mean_square, 1) + epsilon),
+        lax.rsqrt(add_epsilon(jnp.where(plain, mean_square, 1), epsilon)),
         lax.rsqrt(jnp.where(plain, 1, scaled_mean_square)),
     )
     return inv, lax.stop_gradient(jnp.where(plain, 1, unit_value).astype(wide.dtype))
@@ -246,7 +254,7 @@ def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarr
     square, ``unit = 1``; a row whose mean square overflows (``rms > 1.8e19`` in float32) comes out as
     zeros, as in flax (documented in ``docs/functional.md``, "Huge activations")."""
     mean_square = _row_mean_square(_widen(x))
-    return lax.rsqrt(mean_square + epsilon), jnp.ones_like(mean_square)
+    return lax.rsqrt(add_epsilon(mean_square, epsilon)), jnp.ones_like(mean_square)
 
 
 def _row_mean_square(values: jnp.ndarray) -> jnp.ndarray:
@@ -340,7 +348,8 @@ def per_example_norm(
             epsilon,
         )
         return y.astype(dtype or x.dtype)
-    options = BatchOptions(p=p, use_fast_variance=use_fast_variance)
+    tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
+    options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
     mean, var, unit = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
@@ -467,18 +476,20 @@ def rms_norm(
         ones = jnp.ones((), x32.dtype)
         y = _last_axis_norm(x32, ones if scale is None else scale, jnp.zeros((), x32.dtype), epsilon, False)
         return y.astype(x.dtype)
-    reduction = _SquareReduction(axes, axis_name, axis_index_groups)
+    reduction = _SquareReduction(axes, axis_name, axis_index_groups, needs_tiny_unit(epsilon, x32.dtype))
     mean_square, unit = _mean_square_in_unit(x32, mask, reduction)
     inv = inverse_std(Statistics(jnp.zeros((), x32.dtype), mean_square, unit), epsilon)
     return ((x32 * unit) * (inv if scale is None else inv * scale)).astype(x.dtype)
 
 
 class _SquareReduction(NamedTuple):
-    """Where RMS norm's mean square is taken: ``axes``, and the devices of ``axis_name``."""
+    """Where RMS norm's mean square is taken: ``axes``, and the devices of ``axis_name``; whether tiny
+    rows are kept in a unit (:func:`~jaxnorm.functional.units.needs_tiny_unit`)."""
 
     axes: tuple[int, ...]
     axis_name: str | Sequence[str] | None
     axis_index_groups: AxisIndexGroups
+    tiny_groups: bool = False
 
 
 def _masked_mean(values: jnp.ndarray, mask: jnp.ndarray | None, r: _SquareReduction, empty: float):
@@ -506,8 +517,9 @@ def _mean_square_in_unit(
     """``(mean((x * unit)^2), unit)`` per row (a row without elements: mean square 1, no amplification,
     as in batch norm): ``unit = 1`` except where the mean square of ``x`` leaves the dtype's range
     (:func:`~jaxnorm.functional.units.in_range`), taken again on ``x * unit`` behind a
-    :func:`jax.lax.cond`. Derivative (custom JVP, no conditional in the backward pass):
-    ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
+    :func:`jax.lax.cond`, and, with ``r.tiny_groups``, in :func:`~jaxnorm.functional.units.tiny_unit`
+    where it is tiny (:func:`~jaxnorm.functional.units.lift_tiny`). Derivative (custom JVP, no
+    conditional in the backward pass): ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
     mean_square = _masked_mean(jnp.square(x), mask, r, 1)
     plain = in_range(mean_square, mean_square)
 
@@ -516,7 +528,9 @@ def _mean_square_in_unit(
         scaled = _masked_mean(jnp.square(x * unit), mask, r, 1)
         return jnp.where(plain, mean_square, scaled), jnp.where(plain, 1, unit).astype(x.dtype)
 
-    return lax.cond(jnp.all(plain), lambda: (mean_square, jnp.ones_like(mean_square)), rescaled)
+    plain_statistics = lambda: (mean_square, jnp.ones_like(mean_square))
+    mean_square, unit = lax.cond(jnp.all(plain), plain_statistics, rescaled)
+    return lift_tiny(mean_square, unit) if r.tiny_groups else (mean_square, unit)
 
 
 @_mean_square_in_unit.defjvp

@@ -29,6 +29,9 @@ class BatchOptions(NamedTuple):
         sub-batch of this size along axis 0.
       mean_only: subtract the mean only (Salimans & Kingma 2016, Sec. 2.2).
       use_fast_variance: one pass over the data for the L2 moments (stable shifted sums), or two.
+      tiny_groups: keep groups whose variance is tiny in a unit
+        (:func:`~jaxnorm.functional.units.lift_tiny`); set by the normalizations from their ``epsilon``
+        (:func:`~jaxnorm.functional.units.needs_tiny_unit`), not a user option.
     """
 
     p: PNorm = 2
@@ -37,6 +40,7 @@ class BatchOptions(NamedTuple):
     virtual_batch_size: int | None = None
     mean_only: bool = False
     use_fast_variance: bool = True
+    tiny_groups: bool = False
 
 
 def check_batch_options(

@@ -18,6 +18,13 @@ is the usual ``(x - mean) * rsqrt(sigma_hat^2 + epsilon)``: scaling by a power o
 ``unit = 1`` and the unscaled statistics bit for bit. One unit for every dtype of the same width means
 that groups merged across channels and devices are all in the same unit; the choice is made per group
 after the merge (:func:`jaxnorm.functional.dispersion_l2.l2_statistics`).
+
+The mirror image at the other end: with ``epsilon = 0`` the inverse of a group whose variance is tiny
+is huge, and the variance's cotangent, of order ``n / sigma_hat^2`` times the inverse's, overflows from
+``sigma_hat ~ 2^-60`` in float32 although the gradient itself (``~ 1 / sigma_hat``) is finite. Such
+groups (:func:`is_tiny`: variance below ``2^(-emax / 2)``) are kept in :func:`tiny_unit`, ``2^32`` in
+float32 (:func:`lift_tiny`, :func:`variance_in_unit`): no other pass over ``x``, the same power-of-two
+rescaling of statistics already taken, inside the statistics' own derivative.
 """
 
 from __future__ import annotations
@@ -30,11 +37,15 @@ from jax import lax
 
 __all__ = [
     "Statistics",
-    "epsilon_floor",
+    "add_epsilon",
     "huge_unit",
     "in_range",
     "inverse_std",
+    "is_tiny",
+    "lift_tiny",
+    "needs_tiny_unit",
     "select_in_unit",
+    "tiny_unit",
     "true_variance",
     "variance_in_unit",
 ]
@@ -96,14 +107,20 @@ def select_in_unit(
     )
 
 
-def variance_in_unit(dispersion: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+def variance_in_unit(dispersion: jnp.ndarray, tiny_groups: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``((sigma_hat * unit)^2, unit)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and top-k
-    ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond. Per group,
-    no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1 in ``x``, so
-    ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times ``sigma_hat`` is
-    exact (ordinary groups keep ``sigma_hat^2`` bit for bit)."""
-    plain = in_range(dispersion, jnp.square(dispersion))
-    unit = lax.stop_gradient(jnp.where(plain, 1, huge_unit(dispersion.dtype)).astype(dispersion.dtype))
+    ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond, and, with
+    ``tiny_groups`` (:func:`needs_tiny_unit`), :func:`tiny_unit` where ``sigma_hat^2`` :func:`is_tiny`
+    or underflows. Per group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1
+    in ``x``, so ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times
+    ``sigma_hat`` is exact (ordinary groups keep ``sigma_hat^2`` bit for bit)."""
+    square = jnp.square(dispersion)
+    plain = in_range(dispersion, square)
+    dtype = dispersion.dtype
+    small = 1
+    if tiny_groups:
+        small = jnp.where(is_tiny(square) | ((dispersion > 0) & (square == 0)), tiny_unit(dtype), 1)
+    unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
     return jnp.square(dispersion * unit), unit
 
 
@@ -117,25 +134,62 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     return jnp.where(unit == 1, var, jnp.minimum(var / unit / unit, top))
 
 
-def epsilon_floor(epsilon: float, dtype: jnp.dtype) -> float:
-    """``epsilon``, or the smallest normal number of the statistics ``dtype`` where ``epsilon`` is 0.
+def tiny_unit(dtype: jnp.dtype) -> float:
+    """``2^(emax / 4)`` of ``dtype`` (``2^32`` in float32, ``2^256`` in float64): the scale of ``x`` for
+    groups whose variance is :func:`is_tiny`, which puts it between ``2^(-emax + 2)`` and ``2^0``."""
+    return 2.0 ** (jnp.finfo(dtype).maxexp // 4)
 
-    With ``epsilon = 0`` a constant group (variance exactly 0, deviations exactly 0) would be ``0 / 0``;
-    floored, it normalizes to exactly 0 with finite derivatives, and every group whose variance is a
-    normal number is unchanged (the floor is below its rounding). A static choice: a positive
-    ``epsilon`` gives the same program as before."""
-    return max(float(epsilon), float(jnp.finfo(dtype).tiny))
+
+def is_tiny(spread: jnp.ndarray) -> jnp.ndarray:
+    """Per group, ``0 < spread < 2^(-emax / 2)`` (``2^-64`` in float32, ``sigma_hat < 2^-32``), tested as
+    ``spread > 0`` and ``2^(emax / 2) / spread`` overflowing (a finiteness test, like :func:`in_range`).
+
+    Below it the variance's cotangent, of order ``n / sigma_hat^2`` times the inverse's, overflows
+    where ``epsilon`` is 0: the gradient of such a group was NaN although it is a finite number."""
+    headroom = 2.0 ** (jnp.finfo(spread.dtype).maxexp // 2)
+    return (spread > 0) & ~jnp.isfinite(headroom / spread)
+
+
+def needs_tiny_unit(epsilon: float, dtype: jnp.dtype) -> bool:
+    """Whether a normalization with this ``epsilon`` keeps tiny groups in :func:`tiny_unit`: where
+    ``epsilon`` is below :func:`is_tiny`'s bound (``epsilon = 0``). A static choice: above it,
+    ``var + epsilon >= epsilon`` bounds the inverse and the variance's cotangent (at most
+    ``n |cotangent| / epsilon``), and a variance that underflows is below ``epsilon``'s rounding, so
+    the statistics are taken as before, with no other operation."""
+    return float(epsilon) < 2.0 ** -(jnp.finfo(dtype).maxexp // 2)
+
+
+def lift_tiny(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(var * t^2, unit * t)`` with ``t`` :func:`tiny_unit` where ``var`` :func:`is_tiny`, else
+    ``(var, unit)``: the variance of ``x * unit * t`` (exact, a power of two). For statistics whose
+    derivative is written with their own ``unit`` (a custom JVP), so that no cotangent is formed in the
+    unscaled variance."""
+    lift = lax.stop_gradient(jnp.where(is_tiny(var), tiny_unit(var.dtype), 1).astype(var.dtype))
+    return var * (lift * lift), unit * lift
+
+
+def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``var + epsilon * unit^2``, at least the smallest normal number of the dtype where ``epsilon`` is
+    below it (``epsilon = 0``).
+
+    With ``epsilon = 0`` a constant group (variance exactly 0, deviations exactly 0) would be
+    ``0 * rsqrt(0)``, NaN; with the floor it normalizes to exactly 0, with the derivative 0 through its
+    variance, and every group whose (unit's) variance is a normal number is unchanged. A static
+    choice: a positive ``epsilon`` gives the same program as without it."""
+    total = var + (epsilon if unit is None else epsilon * unit * unit)
+    tiny = float(jnp.finfo(var.dtype).tiny)
+    # a select, not jnp.maximum: the derivative of a floored group is then 0, where maximum's would be
+    # an overflowed cotangent times 0 (NaN)
+    return total if epsilon >= tiny else jnp.where(total < tiny, tiny, total)
 
 
 def inverse_std(statistics: Statistics, epsilon: float) -> jnp.ndarray | None:
     """``rsqrt(var + epsilon * unit^2)``: the factor of the scaled deviations ``(x - mean) * unit``
-    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is not 1; ``epsilon`` floored by
-    :func:`epsilon_floor`)."""
+    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is huge; floored by :func:`add_epsilon`)."""
     var, unit = statistics.var, statistics.unit
     if var is None:
         return None
-    epsilon = epsilon_floor(epsilon, var.dtype)
-    return _rsqrt(var + (epsilon if unit is None else epsilon * unit * unit))
+    return _rsqrt(add_epsilon(var, epsilon, unit))
 
 
 @jax.custom_jvp
