@@ -435,7 +435,6 @@ def test_normalize_scaled_deviations_is_the_same_normalization():
         F.normalize(x, mean, var, unit=unit, scaled_deviations="no")
 
 
-
 # ---------------------------------------------------------------------------------------------------
 # Tiny input at epsilon = 0: the norms are then exactly homogeneous of degree 0, so x * 2^-k must give
 # the output of x and the gradient times 2^k. Before the variance's floor was a select and tiny

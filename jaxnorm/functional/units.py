@@ -118,8 +118,8 @@ def variance_in_unit(dispersion: jnp.ndarray, tiny_groups: bool = False) -> tupl
     plain = in_range(dispersion, square)
     dtype = dispersion.dtype
     small = 1
-    if tiny_groups:
-        small = jnp.where(is_tiny(square) | ((dispersion > 0) & (square == 0)), tiny_unit(dtype), 1)
+    if tiny_groups:  # sigma_hat^2 tiny, or underflowed to 0 from a positive sigma_hat
+        small = jnp.where((dispersion > 0) & _below_tiny_bound(square), tiny_unit(dtype), 1)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
     return jnp.square(dispersion * unit), unit
 
@@ -146,8 +146,17 @@ def is_tiny(spread: jnp.ndarray) -> jnp.ndarray:
 
     Below it the variance's cotangent, of order ``n / sigma_hat^2`` times the inverse's, overflows
     where ``epsilon`` is 0: the gradient of such a group was NaN although it is a finite number."""
-    headroom = 2.0 ** (jnp.finfo(spread.dtype).maxexp // 2)
-    return (spread > 0) & ~jnp.isfinite(headroom / spread)
+    return (spread > 0) & _below_tiny_bound(spread)
+
+
+def _tiny_headroom(dtype: jnp.dtype) -> float:
+    """``2^(emax / 2)``: the reciprocal of :func:`is_tiny`'s bound."""
+    return 2.0 ** (jnp.finfo(dtype).maxexp // 2)
+
+
+def _below_tiny_bound(spread: jnp.ndarray) -> jnp.ndarray:
+    """``spread < 2^(-emax / 2)``, zero included, as ``2^(emax / 2) / spread`` overflowing."""
+    return ~jnp.isfinite(_tiny_headroom(spread.dtype) / spread)
 
 
 def needs_tiny_unit(epsilon: float, dtype: jnp.dtype) -> bool:
@@ -156,7 +165,7 @@ def needs_tiny_unit(epsilon: float, dtype: jnp.dtype) -> bool:
     ``var + epsilon >= epsilon`` bounds the inverse and the variance's cotangent (at most
     ``n |cotangent| / epsilon``), and a variance that underflows is below ``epsilon``'s rounding, so
     the statistics are taken as before, with no other operation."""
-    return float(epsilon) < 2.0 ** -(jnp.finfo(dtype).maxexp // 2)
+    return float(epsilon) * _tiny_headroom(dtype) < 1
 
 
 def lift_tiny(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -175,7 +184,7 @@ def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = Non
     With ``epsilon = 0`` a constant group (variance exactly 0, deviations exactly 0) would be
     ``0 * rsqrt(0)``, NaN; with the floor it normalizes to exactly 0, with the derivative 0 through its
     variance, and every group whose (unit's) variance is a normal number is unchanged. A static
-    choice: a positive ``epsilon`` gives the same program as without it."""
+    choice: an ``epsilon`` of at least that number gives the same program as without the floor."""
     total = var + (epsilon if unit is None else epsilon * unit * unit)
     tiny = float(jnp.finfo(var.dtype).tiny)
     # a select, not jnp.maximum: the derivative of a floored group is then 0, where maximum's would be
