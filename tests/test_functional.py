@@ -465,7 +465,7 @@ def test_check_grads_normalize(x64):
 
 
 def _layer_norm_last_axis(x, scale, bias, mask=None):
-    from jaxnorm.functional.normalize import per_example_norm
+    from jaxnorm.functional.per_example import per_example_norm
 
     return per_example_norm(
         x, (2,), p=2, epsilon=1e-5, mask=mask, use_fast_variance=True, scale=scale, bias=bias

@@ -27,7 +27,7 @@ import jaxnorm.nn as jn
 import jaxnorm.nnx as jnnx
 
 # the module itself (the package re-exports a function of the same name)
-normalize_module = importlib.import_module("jaxnorm.functional.normalize")
+last_axis_module = importlib.import_module("jaxnorm.functional.last_axis")
 
 HUGE = {
     "float32": (1e19, 1e26, 3e38),
@@ -387,7 +387,7 @@ def test_rms_norm_default_form_is_exact_across_magnitudes(monkeypatch, dtype):
     """The form GPU and TPU lower, run here by making the platform choice take it on CPU: last-axis RMS
     norm keeps rows whose mean square overflows in a unit (exact at every magnitude of the sweep), and
     ordinary rows bit for bit as XLA:CPU's fused form computes them."""
-    monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
+    monkeypatch.setattr(last_axis_module, "per_platform", lambda cpu, default, *args: default(*args))
     fn = lambda x: F.rms_norm(x.astype(dtype), epsilon=EPSILON).astype(jnp.float32)
     if dtype == "float32":
         _assert_exact_across_magnitudes("rms_norm (GPU/TPU form)", fn)

@@ -5,26 +5,21 @@ sums, Chan merge, channel groups), :mod:`.collectives` (the cross-device reducti
 (:class:`~.options.BatchOptions`, the statistics' options as one value), :mod:`.reduction` (what a
 dispersion reduces, exact means, extremes), :mod:`.dispersion` (sigma_hat per p behind one table:
 :mod:`.dispersion_l2`, :mod:`.dispersion_l1`, :mod:`.dispersion_linf`, :mod:`.dispersion_topk`),
-:mod:`.batch` (batch statistics and batch norm), :mod:`.normalize` (layer / group / instance / RMS
-norm, NormProp), :mod:`.weight` (weight-space normalizations), :mod:`.magnitude` (EDM2's
-magnitude-preserving blocks), :mod:`.platform` (the XLA:CPU-only scheduling forms), :mod:`.layers` (the
-Flax modules' forward passes). ``stats`` and ``activation`` are compatibility re-exports of the first
-ones.
+:mod:`.units` (statistics of huge and tiny groups kept in a unit), :mod:`.batch` (batch statistics and
+batch norm), :mod:`.normalize` (the normalization and affine map every norm ends in),
+:mod:`.per_example` (layer / group / instance / RMS norm), :mod:`.last_axis` (their fused kernels over
+the last axis), :mod:`.normprop` (NormProp's ReLU), :mod:`.weight` (weight-space normalizations),
+:mod:`.magnitude` (EDM2's magnitude-preserving blocks), :mod:`.platform` (the XLA:CPU-only scheduling
+forms), :mod:`.layers` (the Flax modules' forward passes). ``stats`` and ``activation`` are
+compatibility re-exports of the first ones.
 """
 
 from jaxnorm.functional.batch import batch_moments, batch_norm, batch_stats
 from jaxnorm.functional.calibration import L1_CONSTANT, expected_topk_abs_normal, linf_constant
 from jaxnorm.functional.magnitude import MP_SILU_SCALE, mp_concat, mp_normalize, mp_silu, mp_sum, mp_weight
-from jaxnorm.functional.normalize import (
-    RELU_MEAN,
-    RELU_STD,
-    group_norm,
-    instance_norm,
-    layer_norm,
-    normalize,
-    normprop_relu,
-    rms_norm,
-)
+from jaxnorm.functional.normalize import normalize
+from jaxnorm.functional.normprop import RELU_MEAN, RELU_STD, normprop_relu
+from jaxnorm.functional.per_example import group_norm, instance_norm, layer_norm, rms_norm
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     fans,

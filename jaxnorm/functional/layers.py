@@ -29,8 +29,9 @@ from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import deviations_in_unit
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype
-from jaxnorm.functional.normalize import normalize, per_example_norm, rms_norm
+from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
+from jaxnorm.functional.per_example import per_example_norm, rms_norm
 from jaxnorm.functional.units import needs_tiny_unit, true_variance
 
 __all__ = [

@@ -26,7 +26,7 @@ from flax.typing import Dtype, Initializer
 from jaxnorm.functional import linear
 from jaxnorm.functional._checks import check_epsilon, check_positive_values
 from jaxnorm.functional.magnitude import mp_weight
-from jaxnorm.functional.normalize import normprop_relu
+from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
     scaled_weight_norm,

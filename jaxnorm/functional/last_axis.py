@@ -1,0 +1,181 @@
+"""Layer norm (Ba, Kiros & Hinton 2016, Sec. 3) and RMS norm (Zhang & Sennrich 2019, Eq. 4) over the last
+axis alone, without a mask: XLA fuses a row's statistics and its normalization into one kernel, so these
+have their own row statistics (:func:`row_statistics`: one pass, the shifted-data pass behind a
+conditional, huge rows in a unit) and their own derivative (:func:`last_axis_norm`), computed in float32
+(or wider) whatever the dtype of ``x``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+from jaxnorm.functional.eager import compiled_when_concrete
+from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
+from jaxnorm.functional.platform import distinct, per_platform, separate_reads
+from jaxnorm.functional.units import add_epsilon, huge_unit
+
+__all__ = ["last_axis_norm", "rms_row_statistics", "row_statistics"]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def last_axis_norm(
+    x: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray, epsilon: float, centred: bool = True
+) -> jnp.ndarray:
+    """Layer norm (``centred``) or RMS norm over the last axis: ``xhat * scale + bias`` with
+    ``xhat = (x - mean) * rsqrt(var + eps)`` (``var`` accurate whatever the mean: :func:`row_statistics`),
+    or ``xhat = x * rsqrt(mean(x^2) + eps)``, computed in float32 (or wider) whatever the dtype of ``x``:
+    ``x`` is widened where it is read, so a half-precision ``x`` is never copied to memory as float32.
+
+    Custom JVP (Ba et al. 2016, Sec. 3, differentiated): with ``m(.)`` the mean over the last axis,
+    ``d xhat = rsqrt(var + eps) * (dx - m(dx) - xhat * m(xhat dx))`` (RMS: without ``m(dx)``); its
+    transpose is the usual ``rsqrt(var + eps) * (g - m(g) - xhat * m(xhat g))``,
+    ``g = cotangent * scale``, two row reductions (autodiff of the two-pass formula would differentiate
+    through the mean twice). Each full-size use of ``xhat`` in the tangent recomputes it from its own
+    copy of the row statistics, so the backward pass writes no full-size temporary (measurements in
+    ``docs/benchmarks.md``).
+    """
+    mean, inv, unit = row_statistics(x, epsilon, centred)
+    return _centre(_widen(x, unit), mean) * (inv * scale) + bias
+
+
+def _widen(x: jnp.ndarray, unit: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``x`` in the statistics dtype, times the row's ``unit`` where there is one (RMS norm)."""
+    wide = x.astype(stats_dtype(x))
+    return wide if unit is None else wide * unit
+
+
+@compiled_when_concrete(static_argnames=("epsilon", "centred"))
+def row_statistics(
+    x: jnp.ndarray, epsilon: float, centred: bool
+) -> tuple[jnp.ndarray | None, jnp.ndarray, jnp.ndarray | None]:
+    """The row mean (None unless ``centred``), ``rsqrt`` of the row variance (or mean square) + eps, and
+    the row's unit (RMS norm; None when ``centred``): the normalized row is ``(x * unit - mean) * inv``.
+    RMS norm takes :func:`rms_row_statistics`, except in XLA:CPU's one fused kernel
+    (:func:`~jaxnorm.functional.platform.per_platform`).
+
+    Centred: one pass for ``m = mean(x)`` and ``var = mean(x^2) - m^2`` (the two sums XLA fuses with the
+    row's normalization), kept when every row is well conditioned, ``m^2 <= CONDITION_LIMIT * var``
+    (at most 5 bits lost to cancellation; see :data:`~jaxnorm.functional.moments.CONDITION_LIMIT`).
+    Otherwise (a large mean, or a constant non-zero row, whose ``var`` is rounding noise) a
+    :func:`jax.lax.cond` takes the shifted-data pass about ``m`` (Chan et al. 1983): ``d = x - m``,
+    ``mean = m + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation ``d``,
+    so its mean comes out exact and it normalizes to exactly 0. Rows whose variance overflows the dtype
+    (huge input) take a third pass on deviations scaled by their largest magnitude (:func:`_huge_rows`),
+    also behind a :func:`jax.lax.cond`. Each pass widens ``x`` itself (the
+    :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
+    half-precision ``x`` is not copied to memory as float32.
+    """
+    if not centred:
+        forms = (_fused_rms_row_statistics, rms_row_statistics)
+        return (None, *per_platform(*(functools.partial(f, epsilon=epsilon) for f in forms), x))
+    sum_source, square_source = separate_reads(x, 2)
+    rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
+    raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
+
+    def one_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        return rough, lax.rsqrt(add_epsilon(jnp.maximum(raw_var, 0), epsilon))
+
+    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
+        d = _widen(x) - rough
+        correction = jnp.mean(d, -1, keepdims=True)
+        var = jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
+        in_range = jnp.isfinite(rough) & jnp.isfinite(var)
+        shifted = (rough + correction, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)))
+        return lax.cond(jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, rough, in_range, shifted))
+
+    # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
+    well_conditioned = jnp.all((jnp.square(rough) <= CONDITION_LIMIT * raw_var) & jnp.isfinite(raw_var))
+    return (*lax.cond(well_conditioned, one_pass, shifted_pass), None)
+
+
+def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(inv, unit)`` of RMS norm over the last axis, ``y = (x * unit) * inv``:
+    ``inv = rsqrt(mean((x * unit)^2) + eps unit^2)``, ``unit = 1`` where the row's mean square is
+    finite, else :func:`~jaxnorm.functional.units.huge_unit` (``rms > 1.8e19`` in float32). Both mean
+    squares are taken, sibling reductions of one read of the row, and selected per row without a
+    conditional (``epsilon unit^2`` is below rounding where the unit is not 1:
+    :mod:`~jaxnorm.functional.units`)."""
+    wide = _widen(x)
+    unit_value = huge_unit(wide.dtype)
+    mean_square, scaled_mean_square = _row_mean_square(wide), _row_mean_square(wide * unit_value)
+    plain = jnp.isfinite(mean_square)
+    # the unselected side of each select is kept finite, so that its zero cotangent stays zero
+    inv = jnp.where(
+        plain,
+        lax.rsqrt(add_epsilon(jnp.where(plain, mean_square, 1), epsilon)),
+        lax.rsqrt(jnp.where(plain, 1, scaled_mean_square)),
+    )
+    return inv, lax.stop_gradient(jnp.where(plain, 1, unit_value).astype(wide.dtype))
+
+
+def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """:func:`rms_row_statistics` as XLA:CPU fuses it into one kernel with the normalization: one mean
+    square, ``unit = 1``; a row whose mean square overflows (``rms > 1.8e19`` in float32) comes out as
+    zeros, as in flax (documented in ``docs/functional.md``, "Huge activations")."""
+    mean_square = _row_mean_square(_widen(x))
+    return lax.rsqrt(add_epsilon(mean_square, epsilon)), jnp.ones_like(mean_square)
+
+
+def _row_mean_square(values: jnp.ndarray) -> jnp.ndarray:
+    return jnp.mean(jnp.square(values), -1, keepdims=True)
+
+
+def _huge_rows(
+    x: jnp.ndarray, rough: jnp.ndarray, in_range: jnp.ndarray, shifted: tuple[jnp.ndarray, jnp.ndarray]
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Row statistics where ``var`` (or the mean) overflows the dtype (``sigma > 1.8e19`` in float32):
+    the deviations ``d = x - c`` are divided by their largest magnitude ``D`` before they are summed,
+    ``mean = c + D mean(d / D)``, ``inv = rsqrt(var(d / D)) / D`` (``epsilon / D^2`` is below rounding
+    there). ``D`` is a homogeneous statistic, not a power of two, so the scale-invariance tracer
+    (:mod:`jaxnorm.enorm`) sees through it. Rows ``in_range`` keep their ``shifted`` statistics."""
+    centre = jnp.where(jnp.isfinite(rough), rough, 0)  # sum x itself overflowed
+    d = _widen(x) - centre
+    unit = jnp.max(jnp.abs(d), -1, keepdims=True)
+    scaled = d / jnp.where(unit > 0, unit, 1)
+    scaled_mean = jnp.mean(scaled, -1, keepdims=True)
+    scaled_var = jnp.mean(jnp.square(scaled), -1, keepdims=True) - jnp.square(scaled_mean)
+    inv = lax.rsqrt(jnp.maximum(scaled_var, jnp.finfo(scaled_var.dtype).tiny)) / unit
+    mean, shifted_inv = shifted
+    return jnp.where(in_range, mean, centre + unit * scaled_mean), jnp.where(in_range, shifted_inv, inv)
+
+
+def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
+    return x if mean is None else x - mean
+
+
+def last_axis_norm_jvp(epsilon, centred, primals, tangents):
+    x, scale, bias = primals
+    x_dot, scale_dot, bias_dot = (_instantiate(t) for t in tangents)
+    mean, inv, unit = row_statistics(x, epsilon, centred)
+    x, x_dot = _widen(x, unit), _widen(x_dot, unit)
+    y = _centre(x, mean) * (inv * scale) + bias
+    # scale not differentiated (symbolic-zero tangent: the input-only gradient): the plain form, which
+    # platform_forms.py measures faster there; otherwise distinct copies, faster for the full gradient
+    opaque = not isinstance(tangents[1], SymbolicZero)
+
+    def xhat(tag: int) -> jnp.ndarray:
+        # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
+        # shared ``x - mean`` or broadcast ``inv`` to memory; this way only the gradient is written
+        if not opaque:
+            return _centre(x, mean) * inv
+        return _centre(x, None if mean is None else distinct(mean, tag)) * distinct(inv, tag)
+
+    x_dot_centred = _centre(x_dot, None if mean is None else jnp.mean(x_dot, -1, keepdims=True))
+    xhat_dot = inv * (x_dot_centred - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
+    if opaque:
+        return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
+    return y, xhat_dot * scale + bias_dot
+
+
+last_axis_norm.defjvp(last_axis_norm_jvp, symbolic_zeros=True)
+
+
+def _instantiate(tangent):
+    """A symbolic-zero tangent (an input not differentiated) as an array of zeros."""
+    return jnp.zeros(tangent.shape, tangent.dtype) if isinstance(tangent, SymbolicZero) else tangent
+
