@@ -139,6 +139,31 @@ for where in ("one device", "everywhere"):
         errors[f"{name} pmap gradient (relative)"] = max_err([got.reshape(x.shape) / scale], [want_g / scale])
         assert np.all(np.isfinite(np.asarray(want_y))) and scale > 0
 
+# Per-example norms with the features sharded over the devices (axis_name), unequal masks, one device
+# keeping no element of some rows: outputs and gradients those of the unsharded features.
+features = rng.normal(1.0, 2.0, (6, 8 * 3))
+feature_mask = rng.random(features.shape) < np.repeat(np.arange(1, 9) / 9.0, 3)[None]
+feature_mask[:, :3] = False  # device 0 keeps nothing
+feature_mask[0] = False  # a row kept by no device
+feature_weights = rng.normal(size=features.shape)
+per_example = {
+    "rms_norm": lambda a, m, **kw: F.rms_norm(a, mask=m, **kw),
+    "layer_norm": lambda a, m, **kw: F.layer_norm(a, mask=m, **kw),
+    "layer_norm p=1": lambda a, m, **kw: F.layer_norm(a, mask=m, p=1, **kw),
+}
+for name, norm in per_example.items():
+    fm = jnp.asarray(feature_mask)
+    want_y = norm(jnp.asarray(features), fm)
+    want_g = jax.grad(lambda a, n=norm, m=fm: jnp.sum(n(a, m) * feature_weights))(jnp.asarray(features))
+    split = lambda a: np.moveaxis(np.asarray(a).reshape(6, 8, 3), 1, 0)
+    y = jax.pmap(lambda a, m, n=norm: n(a, m, axis_name="d"), axis_name="d")(split(features), split(fm))
+    g = jax.pmap(
+        jax.grad(lambda a, m, w, n=norm: jnp.sum(n(a, m, axis_name="d") * w)), axis_name="d"
+    )(split(features), split(fm), split(feature_weights))
+    join = lambda a: np.moveaxis(np.asarray(a), 0, 1).reshape(6, 24)
+    errors[f"features pmap {name} outputs"] = max_err([join(y)], [want_y])
+    errors[f"features pmap {name} gradient"] = max_err([join(g)], [want_g])
+
 # GroupNorm / LayerNorm under a sharded batch need no collective and must not change.
 y_gn = jax.jit(lambda a: F.group_norm(a, 2))(jax.device_put(x, sharded))
 errors["jit-sharded group_norm"] = max_err([y_gn], [F.group_norm(jnp.asarray(x), 2)])

@@ -42,6 +42,22 @@ def expected_topk_abs_normal(n, k=1):
     return total / k
 
 
+def expected_topk_abs_normal_binomial(n, k=1):
+    """The same expectation as :func:`expected_topk_abs_normal` another way, for large ``n``:
+    ``int_0^inf sum_{m<=k} P(Binomial(n, q(x)) >= m) dx / k`` with scipy's binomial survival function,
+    ``q(x) = erfc(x / sqrt 2)``, quad with breakpoints around the mode ``sqrt(2 ln n)`` (float64)."""
+    from scipy import integrate, special, stats
+
+    def integrand(x):
+        q = special.erfc(x / math.sqrt(2))
+        return sum(stats.binom.sf(m - 1, n, q) for m in range(1, k + 1))
+
+    mode = math.sqrt(2 * math.log(n))
+    points = np.linspace(max(mode - 3, 0.01), mode + 2, 30)
+    upper = math.sqrt(2 * (math.log(n) + 30))
+    return integrate.quad(integrand, 0, upper, points=points, limit=500, epsabs=1e-13, epsrel=1e-12)[0] / k
+
+
 def dispersion_sq(deviations, p, topk=None, calibration="paper"):
     """sigma_hat^2 of a 1-D array of deviations from the mean."""
     n = deviations.size

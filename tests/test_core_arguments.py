@@ -138,6 +138,7 @@ MALFORMED = [
     case(F.layer_norm, (X2,), dict(axis=()), "axis"),  # an empty reduction: every element maps to 0
     case(F.rms_norm, (X2,), dict(axis=5), "axis"),
     case(F.rms_norm, (X2,), dict(axis=None), "axis"),
+    case(F.rms_norm, (X2,), dict(axis=()), "axis"),  # x / sqrt(x^2 + eps): about sign(x)
     case(linen_bn(), (), dict(axis=3), "axis"),
     case(linen_bn(), (), dict(axis=None), "axis"),
     case(linen(jn.LayerNorm), (), dict(reduction_axes=4), "reduction_axes"),
@@ -169,6 +170,7 @@ MALFORMED = [
     case(F.batch_stats, (X2,), dict(p="inf", topk=-3), "topk"),
     case(F.batch_norm, (X2,), dict(p=2, topk=3), "topk"),
     case(F.batch_norm, (X2,), dict(p="inf", topk=True), "topk"),
+    case(F.batch_norm, (X2,), dict(p="inf", topk=5, virtual_batch_size=4), "topk"),
     case(linen_bn(), (), dict(p="inf", topk=17), "topk"),
     case(linen_bn(), (), dict(p="inf", topk=2.5), "topk"),
     case(nnx_new(jnnx.BatchNorm, 4), (), dict(p="inf", topk=2.5), "topk"),
@@ -326,6 +328,14 @@ def test_malformed_argument_raises_naming_it(fn, args, kwargs, exc, name):
     NNX modules in their constructor (only shape-dependent errors wait for the first call)."""
     with pytest.raises(exc, match=_name_pattern(name)):
         jax.block_until_ready(fn(*args, **kwargs))
+
+
+def test_topk_error_with_ghost_batches_names_them_and_the_callers_shape():
+    """The reduction is per ghost batch: the message says so and shows ``x`` as passed, not the
+    ``(num_ghosts, virtual_batch_size, ...)`` reshape it was measured on."""
+    message = r"topk=5 .* ghost batch \(virtual_batch_size=4\) \(x.shape=\(16, 4\)"
+    with pytest.raises(ValueError, match=message):
+        F.batch_norm(X2, p="inf", topk=5, virtual_batch_size=4)
 
 
 def test_malformed_table_covers_every_public_callable():

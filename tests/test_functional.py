@@ -221,6 +221,24 @@ def test_expected_topk_abs_normal_matches_quadrature(n, k):
         assert float(F.expected_topk_abs_normal(n, k)) == pytest.approx(want, rel=1e-10)
 
 
+@pytest.mark.parametrize("n,k", [(50_000, 1), (300_000, 1), (1_000_000, 1), (5_000_000, 1), (1_000_000, 10)])
+def test_expected_topk_abs_normal_is_accurate_in_float32_for_large_n(n, k):
+    """A BatchNorm channel of a conv net holds ``n ~ 1e5-1e6`` values; float32 ``betainc`` with
+    ``b = n - m + 1`` put ``E max|Z|`` (and so ``calibration="exact"``) 0.2-4 % off there."""
+    want = oracles.expected_topk_abs_normal_binomial(n, k)
+    assert float(F.expected_topk_abs_normal(jnp.float32(n), k)) == pytest.approx(want, rel=2e-6)
+
+
+def test_exact_linf_calibration_of_a_large_channel():
+    """``batch_stats(p="inf", calibration="exact")`` on a channel of 300,000 values: ``max|x - mean|``
+    over ``E max`` of 300,000 half-normals (float64 oracle), not 1 % off."""
+    x = np.random.default_rng(0).standard_normal((300_000, 1)).astype(np.float32)
+    _, sigma = F.batch_stats(x, p="inf", calibration="exact")
+    x64 = x.astype(np.float64)
+    want = np.abs(x64 - x64.mean()).max() / oracles.expected_topk_abs_normal_binomial(300_000)
+    assert float(sigma[0]) == pytest.approx(want, rel=1e-5)
+
+
 def test_expected_max_abs_normal_closed_form():
     # E max(|Z1|, |Z2|) = 2 / sqrt(pi); E|Z| = sqrt(2 / pi); to the documented ~1e-4 in float32 (1e-6 held
     # with XLA's default optimization and not without it: float32 betainc), 1e-10 in float64

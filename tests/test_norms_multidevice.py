@@ -24,7 +24,8 @@ def errors():
 
 def test_every_case_ran(errors):
     modes = {name.split()[0] for name in errors}
-    assert {"pmap", "shard_map", "jit-sharded", "BatchNorm"} <= modes
+    assert {"pmap", "shard_map", "jit-sharded", "BatchNorm", "features"} <= modes
+    assert sum(name.startswith("features") for name in errors) == 6  # 3 per-example norms x (y, gradient)
     assert sum(name.startswith("shard_map") for name in errors) == 10  # 5 norms x (masked, unmasked)
     assert sum(name.startswith("pmap gradient") for name in errors) == 5
 

@@ -150,6 +150,7 @@ def batch_statistics_with_unit(
     keepdims = check_bool(keepdims, "keepdims")
     features = canonical_axes(axis, x.ndim, "axis")
     mask = check_mask(mask, x)
+    given_shape = x.shape
     virtual_batch_size = options.virtual_batch_size
     size = _statistics_size(x.shape, features, virtual_batch_size)
     if virtual_batch_size is not None:
@@ -185,9 +186,10 @@ def batch_statistics_with_unit(
         devices = axis_size(axis_name, axis_index_groups)
         if options.topk > size * devices:
             across = "" if devices == 1 else f" x {devices} devices of axis_name={axis_name!r}"
+            ghosts = "" if virtual_batch_size is None else f" per ghost batch ({virtual_batch_size=})"
             raise ValueError(
-                f"topk={options.topk} exceeds the reduction size {size}{across} (x.shape={x.shape}, "
-                f"axis={axis!r})"
+                f"topk={options.topk} exceeds the reduction size {size}{across}{ghosts} "
+                f"(x.shape={given_shape}, axis={axis!r})"
             )
     statistics = dispersion_statistics(
         x, reduce_axes, options, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups

@@ -67,12 +67,15 @@ def expected_topk_abs_normal(n: jnp.ndarray | int, k: int = 1) -> jnp.ndarray:
     r"""``E[mean of the k largest of n i.i.d. |N(0, 1)|]``; ``n`` may be traced.
 
     With ``q(x) = P(|Z| > x) = erfc(x / sqrt 2)`` the number of samples above ``x`` is
-    ``Binomial(n, q(x))``, and ``E[sum of top k] = \int_0^\infty E[min(N_x, k)] dx
-    = \int_0^\infty \sum_{m=1}^k I_{q(x)}(m, n - m + 1) dx`` (``I`` the regularized incomplete beta).
-    The integral is taken by 256-node Gauss–Legendre quadrature on ``[0, sqrt(2 (ln n + 30))]``, beyond
-    which the integrand is below 1e-13: relative error ~1e-12 in float64, ~1e-4 in float32 (limited by
-    float32 ``betainc``; negligible next to the sampling noise of a batch statistic). For ``k = 1``
-    this is ``E max_i |Z_i|``, whose inverse is the exactly calibrated L∞ constant
+    ``N_x ~ Binomial(n, q(x))``, and ``E[sum of top k] = \int_0^\infty E[min(N_x, k)] dx
+    = \int_0^\infty (k - \sum_{j<k} (k - j) P(N_x = j)) dx``. The integral is taken by 256-node
+    Gauss–Legendre quadrature on ``[0, sqrt(2 (ln n + 30))]``, beyond which the integrand is below 1e-13.
+    Numerics: the binomial probabilities are formed in log space from ``n log1p(-q)`` and the ratio of
+    consecutive terms (:func:`_binomial_head`), accurate in float32 at every ``n`` (relative error of the
+    result ~1e-7 in float32 for small ``k``, 1e-5 at ``k = n = 1000``; ~1e-12 in float64), where the
+    regularized incomplete beta ``I_q(m, n - m + 1)`` of the same identity loses up to 4 % in float32
+    for ``n`` of a million. For
+    ``k = 1`` this is ``E max_i |Z_i|``, whose inverse is the exactly calibrated L∞ constant
     (``calibration="exact"``); deviations are taken from the batch mean, which makes ``sigma_hat``
     estimate the biased std, the same quantity that L2 batch norm uses.
     """
@@ -82,10 +85,27 @@ def expected_topk_abs_normal(n: jnp.ndarray | int, k: int = 1) -> jnp.ndarray:
     upper = jnp.sqrt(2 * (jnp.log(n) + 30.0))
     x = 0.5 * upper[..., None] * (nodes + 1)  # (..., nodes)
     q = jax.scipy.special.erfc(x / math.sqrt(2))
-    m = jnp.arange(1, k + 1, dtype=n.dtype)  # (k,)
-    tail = jax.scipy.special.betainc(m, n[..., None, None] - m + 1, q[..., None])  # (..., nodes, k)
-    integral = 0.5 * upper * jnp.sum(weights * jnp.sum(tail, axis=-1), axis=-1)
+    head = _binomial_head(n[..., None, None], q[..., None], k)  # (..., nodes, k): P(N_x = j), j < k
+    below_k = jnp.sum((k - jnp.arange(k, dtype=n.dtype)) * head, axis=-1)
+    integral = 0.5 * upper * jnp.sum(weights * (k - below_k), axis=-1)
     return lax.stop_gradient(integral / k)
+
+
+def _binomial_head(n: jnp.ndarray, q: jnp.ndarray, k: int) -> jnp.ndarray:
+    """``P(N = j)`` for ``j = 0, ..., k - 1`` (last axis) and ``N ~ Binomial(n, q)``, ``0 <= q <= 1``:
+    ``exp(n log(1 - q) + sum_{i<j} log((n - i) q / ((i + 1) (1 - q))))``, every term a float of order
+    one or ``n q``, so no ``lgamma(n)`` or ``(1 - q)^n`` is rounded at the scale of ``n``. 0 where
+    ``q = 1`` (then ``N = n >= k``)."""
+    j = jnp.arange(k, dtype=n.dtype)
+    certain = q >= 1
+    safe_q = jnp.where(certain, 0.5, q)
+    log_complement = jnp.log1p(-safe_q)
+    # log of the ratio P(N = i + 1) / P(N = i), for i = 0, ..., k - 2 (-inf where q = 0)
+    log_ratio = jnp.log(n - j[:-1]) - jnp.log1p(j[:-1]) + jnp.log(safe_q) - log_complement
+    log_terms = n * log_complement + jnp.concatenate(
+        [jnp.zeros((*log_ratio.shape[:-1], 1), n.dtype), jnp.cumsum(log_ratio, axis=-1)], axis=-1
+    )
+    return jnp.where(certain, 0.0, jnp.exp(log_terms))
 
 
 def _gauss_legendre(num: int) -> tuple[list[float], list[float]]:

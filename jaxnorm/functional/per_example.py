@@ -191,6 +191,8 @@ def rms_norm(
     """
     check_floating(x, "x")
     axes = canonical_axes(axis, x.ndim, "axis")
+    if not axes:
+        raise ValueError(f"axis must name at least one axis to normalize over, got {axis!r}")
     epsilon = check_epsilon(epsilon)
     check_axis_name(axis_name)
     mask = check_mask(mask, x)
@@ -217,21 +219,19 @@ class _SquareReduction(NamedTuple):
 
 
 def _masked_mean(values: jnp.ndarray, mask: jnp.ndarray | None, r: _SquareReduction, empty: float):
-    """The mean of ``values`` over the True elements of ``mask`` (averaged over the devices), ``empty``
-    for a row without elements."""
+    """The mean of ``values`` over the True elements of ``mask`` on every device of ``r.axis_name``
+    together (the sums and counts summed across devices, so unequal masks weigh each element once),
+    ``empty`` for a row without elements."""
     if mask is None:
         mean = jnp.mean(values, axis=r.axes, keepdims=True)
-    else:
-        count = jnp.sum(mask, axis=r.axes, keepdims=True, dtype=values.dtype)
-        mean = jnp.sum(jnp.where(mask, values, 0), axis=r.axes, keepdims=True) / jnp.maximum(count, 1)
-    if r.axis_name is not None:
-        mean = lax.pmean(mean, r.axis_name, axis_index_groups=r.axis_index_groups)
-    if mask is None:
+        if r.axis_name is not None:
+            mean = lax.pmean(mean, r.axis_name, axis_index_groups=r.axis_index_groups)
         return mean
-    has_elements = count > 0
+    count = jnp.sum(mask, axis=r.axes, keepdims=True, dtype=values.dtype)
+    total = jnp.sum(jnp.where(mask, values, 0), axis=r.axes, keepdims=True)
     if r.axis_name is not None:
-        has_elements = lax.psum(count, r.axis_name, axis_index_groups=r.axis_index_groups) > 0
-    return jnp.where(has_elements, mean, empty)
+        total, count = lax.psum((total, count), r.axis_name, axis_index_groups=r.axis_index_groups)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), empty)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
