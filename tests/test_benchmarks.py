@@ -60,8 +60,8 @@ def _run(script: str, *args: str) -> str:
             "platform_forms.py",
             [*TINY, "--rows", "LayerNorm"],
             [
-                "| 4x4x4x32 | bfloat16 | LayerNorm | fwd+bwd | normalize.distinct |",
-                "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | normalize.separate_reads |",
+                "| 4x4x4x32 | bfloat16 | LayerNorm | fwd+bwd | last_axis.distinct |",
+                "| 4x4x4x32 | bfloat16 | LayerNorm | fwd | last_axis.separate_reads |",
                 "| form | programs reached | best gain | worst gain | verdict |",
             ],
             marks=pytest.mark.slow,
