@@ -41,6 +41,25 @@ def test_target_zero_is_adamw():
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-6, atol=1e-7)
 
 
+def test_float64_updates_keep_their_precision(x64):
+    """float64 params and updates: target 0 is ``optax.adamw`` bit for bit, and a target of 0.1 the
+    float64 formula ``g + wd (w - 0.1 w / ||w_j||)``; both were rounded through float32 (3e-9 and 5e-8
+    off)."""
+    params = {"k": jnp.asarray(RNG.normal(size=(6, 4)))}
+    g = {"k": jnp.asarray(RNG.normal(size=(6, 4)))}
+    mask = {"k": True}
+    a, b = optax.adamw(0.1, weight_decay=0.1, mask=mask), OPT.adamwn(0.1, 0.0, weight_decay=0.1)
+    want, _ = a.update(g, a.init(params), params)
+    got, _ = b.update(g, b.init(params), params)
+    np.testing.assert_array_equal(np.asarray(got["k"]), np.asarray(want["k"]))
+    tx = OPT.decay_to_norm(0.5, target=0.1)
+    got, _ = tx.update(g, tx.init(params), params)
+    w = np.asarray(params["k"])
+    want = np.asarray(g["k"]) + 0.5 * (w - 0.1 * w / np.linalg.norm(w, axis=0))
+    np.testing.assert_allclose(np.asarray(got["k"]), want, rtol=1e-15, atol=1e-15)
+    assert got["k"].dtype == jnp.float64
+
+
 @pytest.mark.parametrize("per_unit", [True, False])
 def test_norm_distance_to_target_contracts_by_one_minus_lr_wd(per_unit):
     lr, wd, target, steps = 0.1, 0.5, 2.0, 7

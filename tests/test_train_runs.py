@@ -8,15 +8,17 @@ import os
 import shutil
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
-from jaxnorm.train import Checkpointer, read_jsonl, train
+import jaxnorm.nn as jnn
+from jaxnorm.train import ArraySource, Checkpointer, read_jsonl, train
 from jaxnorm.train.metrics import progress_bar
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_train_loop import CONFIG, CrashAt, Net, _sources
+from test_train_loop import CONFIG, CrashAt, Net, _data, _sources
 
 SHORT = {**CONFIG, "num_steps": 8, "eval_every": 4, "plots": False}
 
@@ -60,6 +62,39 @@ def test_another_experiment_in_the_workdir_is_an_error_naming_the_keys(finished,
     message = str(e.value)
     assert "optimizer.learning_rate: 0.2 -> 0.1" in message and "seed: 0 -> 5" in message
     assert "on_existing='restart'" in message and "another workdir" in message
+
+
+class NormNet(nn.Module):
+    """Net with jaxnorm's BatchNorm of order ``p``: the same parameter shapes at every ``p``."""
+
+    p: object = 2
+
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.Conv(8, (3, 3))(x)
+        x = jnn.BatchNorm(use_running_average=not train, momentum=0.9, p=self.p)(x)
+        return nn.Dense(3)(nn.relu(x).mean((1, 2)))
+
+
+def test_another_model_or_data_of_the_same_config_is_another_experiment(tmp_path):
+    """``train(model=...)``: the config does not say which model; a workdir of an L2-BN run resumed
+    with an L1-BN model of the same parameter shapes (or another batch size) was continued from the L2
+    run's weights, and a finished one returned its results as the L1 model's."""
+    train_src, eval_src = _sources()
+    run = lambda model, data=train_src: train(
+        SHORT, model=model, train_data=data, eval_data=eval_src, workdir=str(tmp_path)
+    )
+    first = run(NormNet(p=2))
+    with pytest.raises(ValueError, match=r"holds a different experiment \(model: .*p = 2.* -> .*p = 1"):
+        run(NormNet(p=1))
+    with pytest.raises(ValueError, match=r"train_data: .*'global_batch_size': 64.* -> .*size': 32"):
+        run(NormNet(p=2), ArraySource(_data(), 32, seed=3))
+    again = run(NormNet(p=2))  # the same model, another instance: the recorded run
+    assert again.summary["recorded"] and again.summary["train_loss"] == first.summary["train_loss"]
+    record = json.loads((tmp_path / "run.json").read_text())
+    del record["identity"]  # a run recorded before identities were: resumed as before
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    assert run(NormNet(p=1)).summary["recorded"]
 
 
 def test_a_finished_run_reports_its_recorded_results_not_zero_timings(finished, capsys):

@@ -63,6 +63,28 @@ def test_sgd_step_matches_numpy_oracle(x64):
     assert int(new.step) == 1
 
 
+def test_padding_copies_are_out_of_the_loss_its_gradient_and_the_metrics(x64):
+    """A partial last batch filled with masked copies (``ArraySource(drop_remainder=False)``): the step
+    is the SGD step on the real examples alone (float64 oracle), and so are its loss and accuracy; it
+    was the plain mean over the copies too (loss 1.2178 for 1.2172 in the hunt's repro)."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(5, 5)), rng.integers(0, 3, 5).astype(np.int32)
+    padded_x = np.concatenate([x, np.repeat(x[:1], 11, 0)])
+    padded_y = np.concatenate([y, np.repeat(y[:1], 11)])
+    mask = (np.arange(16) < 5).astype(np.float32)
+    model, tx = Linear(), optax.sgd(0.3)
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), jnp.asarray(x))
+    w, b = (np.asarray(state.params["Dense_0"][k]) for k in ("kernel", "bias"))
+    batch = {"image": jnp.asarray(padded_x), "label": jnp.asarray(padded_y), "mask": jnp.asarray(mask)}
+    new, metrics = jax.jit(make_train_step(model.apply, tx))(state, batch)
+    loss, gw, gb = _softmax_xent_grad(w, b, x, y)
+    np.testing.assert_allclose(new.params["Dense_0"]["kernel"], w - 0.3 * gw, rtol=1e-12)
+    np.testing.assert_allclose(new.params["Dense_0"]["bias"], b - 0.3 * gb, rtol=1e-12)
+    assert float(metrics["loss"]) == pytest.approx(loss, rel=1e-12)
+    correct = np.argmax(x @ w + b, 1) == y
+    assert float(metrics["accuracy"]) == pytest.approx(correct.mean(), rel=1e-7)  # float32
+
+
 def _bn_setup():
     rng = np.random.default_rng(1)
     x = rng.normal(2.0, 3.0, size=(32, 4)).astype(np.float32)

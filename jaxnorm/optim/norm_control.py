@@ -89,12 +89,14 @@ def decay_to_norm(
         del extra_args
         check_updates(updates, params, fn_name)
         flags = resolve_mask(mask, params, fn_name)
-        radius = jnp.asarray(target(state.count) if callable(target) else target, jnp.float32)
+        radius = jnp.asarray(target(state.count) if callable(target) else target, jnp.result_type(float))
 
         def leaf(flag, u, w):
             if not flag:
                 return u
-            return (u.astype(jnp.float32) + _decay(w, weight_decay, radius, per_unit)).astype(u.dtype)
+            # in float32 or wider: a half-precision update is summed once; a float64 one keeps its bits
+            wide = jnp.promote_types(u.dtype, jnp.float32)
+            return (u.astype(wide) + _decay(w, weight_decay, radius, per_unit).astype(wide)).astype(u.dtype)
 
         new_updates = jax.tree.map(leaf, flags, updates, params)
         return new_updates, DecayToNormState(count=optax.safe_increment(state.count))

@@ -53,6 +53,7 @@ from jaxnorm.train.run_record import (
     now,
     plan_run,
     read_json,
+    run_identity,
     write_json,
 )
 from jaxnorm.train.setup import batch_stats_transport, build_optimizer, params_hook_for, with_enorm_spec
@@ -193,7 +194,8 @@ def train(
     primary = jax.process_index() == 0
     report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
-    plan = _open_workdir(workdir, cfg, steps, primary) if workdir is not None else None
+    identity = run_identity(model, train_data)
+    plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)
     hook = params_hook_for(cfg, model, images[:1])
     tx, schedule = build_optimizer(
@@ -248,10 +250,13 @@ def _silent(*args: Any, **kwargs: Any) -> None:
     """The report function of non-primary processes."""
 
 
-def _open_workdir(workdir: str, cfg: ml_collections.ConfigDict, steps: int, primary: bool) -> RunPlan:
-    """Checks ``workdir`` against the run record (raising for another experiment), discards the old
-    run on ``on_existing='restart'``, and writes the updated record; every process decides alike."""
-    plan = plan_run(workdir, cfg, steps)
+def _open_workdir(
+    workdir: str, cfg: ml_collections.ConfigDict, steps: int, primary: bool, identity: dict[str, Any]
+) -> RunPlan:
+    """Checks ``workdir`` against the run record (raising for another experiment: config, model or
+    training data), discards the old run on ``on_existing='restart'``, and writes the updated record;
+    every process decides alike."""
+    plan = plan_run(workdir, cfg, steps, identity)
     sync_processes("jaxnorm_run_planned")  # every process has read the old record
     if primary:
         if plan.action == "restart":

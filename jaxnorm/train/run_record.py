@@ -6,7 +6,9 @@ jax / flax / optax / orbax versions, the devices, the process count, and one ent
 time and start step). ``<workdir>/summary.json`` holds the final (or, after a preemption, partial)
 summary with its timings.
 
-On start, :func:`plan_run` compares the new config with the recorded one. The config key
+On start, :func:`plan_run` compares the new config with the recorded one, and the run's identity
+(:func:`run_identity`: the model passed to :func:`jaxnorm.train.train`, as its ``repr``, and the size of
+the training data), which the config does not hold when the model is built in Python. The config key
 ``on_existing`` says what may happen to a workdir that already holds a run (checkpoints):
 
 * ``"resume"`` (default): continue it if it is the same experiment; otherwise stop with an error that
@@ -28,6 +30,7 @@ import datetime
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -134,6 +137,30 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
     }
 
 
+def run_identity(model: Any, train_data: Any) -> dict[str, Any]:
+    """What a run trains that its config may not say: the model, as its ``repr`` (a linen module's
+    attributes, nested modules included; memory addresses of functions left out, whitespace
+    collapsed), and the training data's number of examples and global batch size."""
+    description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
+    return {
+        "model": " ".join(description.split()),
+        "train_data": {
+            "type": type(train_data).__name__,
+            "num_examples": getattr(train_data, "num_examples", None),
+            "global_batch_size": getattr(train_data, "global_batch_size", None),
+        },
+    }
+
+
+def identity_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, tuple]:
+    """``{key: (old, new)}`` of two :func:`run_identity` values (none where either is unknown: a run
+    recorded before identities were, or a check without a model)."""
+    if not old or not new:
+        return {}
+    new = json.loads(json.dumps(new, default=repr))
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
 def _git_commit() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -201,11 +228,11 @@ def _describe(differences: Mapping[str, tuple[Any, Any]], limit: int = 8) -> str
     return "; ".join(items[:limit]) + more
 
 
-def check_workdir(workdir: str, config: Any) -> None:
+def check_workdir(workdir: str, config: Any, identity: Mapping[str, Any] | None = None) -> None:
     """The checks of :func:`plan_run` that need no run length: raises ``ValueError`` if ``workdir``
-    holds a run that ``config`` may not continue (another experiment, no record, or
-    ``on_existing='error'``). An experiment runner calls it for every run of a sweep before any
-    trains."""
+    holds a run that ``config`` (and ``identity``, :func:`run_identity`) may not continue (another
+    experiment, no record, or ``on_existing='error'``). An experiment runner calls it for every run of
+    a sweep before any trains."""
     on_existing = config.get("on_existing", "resume")
     if on_existing not in ON_EXISTING:
         raise ValueError(f"config.on_existing must be one of {ON_EXISTING}, got {on_existing!r}")
@@ -220,22 +247,27 @@ def check_workdir(workdir: str, config: Any) -> None:
             f"another program), so it cannot be told whether it is this experiment; " + _way_out(workdir)
         )
     differences = config_differences(old.get("config", {}), config)
+    differences.update(identity_differences(old.get("identity"), identity))
     if differences:
         raise ValueError(
             f"{workdir} holds a different experiment ({_describe(differences)}); " + _way_out(workdir)
         )
 
 
-def plan_run(workdir: str, config: Any, total_steps: int) -> RunPlan:
+def plan_run(
+    workdir: str, config: Any, total_steps: int, identity: Mapping[str, Any] | None = None
+) -> RunPlan:
     """Decides, from ``workdir``'s run record and ``config.on_existing``, whether this session
     starts a new run, resumes or extends the recorded one, or restarts it; raises ``ValueError``
-    (naming the differing keys and the way out) when the workdir holds another experiment."""
-    check_workdir(workdir, config)
+    (naming the differing keys and the way out) when the workdir holds another experiment (another
+    config, or another model or training data: ``identity``, :func:`run_identity`)."""
+    check_workdir(workdir, config, identity)
     on_existing = config.get("on_existing", "resume")
     old = read_json(os.path.join(workdir, RUN_FILE))
     session = {"started": now(), **environment()}
     new_record = {
         "config": config_dict(config),
+        **({} if identity is None else {"identity": json.loads(json.dumps(identity, default=repr))}),
         "total_steps": total_steps,
         "schedule_steps": total_steps,
         "sessions": [session],
@@ -247,6 +279,8 @@ def plan_run(workdir: str, config: Any, total_steps: int) -> RunPlan:
     recorded_steps = int(old["total_steps"])
     schedule_steps = int(old.get("schedule_steps", recorded_steps))
     record = {**old, "config": config_dict(config), "sessions": [*old.get("sessions", []), session]}
+    if identity is not None:
+        record["identity"] = new_record["identity"]
     if total_steps == recorded_steps:
         return RunPlan("resume", schedule_steps, record, recorded_steps)
     if on_existing == "extend" and total_steps > recorded_steps:

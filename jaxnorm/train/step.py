@@ -90,6 +90,9 @@ def make_train_step(
         ``effective(params)``, ``penalty(params)`` is added to the loss that is differentiated, and
         the gradient goes through ``scale_grads`` before the optimizer (e.g. implicit ENorm).
 
+    A float ``"mask"`` in the batch (0 for the padding copies of a partial last batch) weighs the loss,
+    its gradient and the metrics: they are those of the real examples (:func:`_mean_over_examples`).
+
     Metrics: ``loss`` (the cross-entropy; without the hook's penalty), ``accuracy``, ``lr`` (with
     ``schedule``), ``grad_norm`` (if asked; of the unscaled gradient), ``loss_scale`` (float16 only),
     ``penalty`` (with ``params_hook``).
@@ -104,8 +107,10 @@ def make_train_step(
         if dtype != jnp.float32:
             images = images.astype(dtype)
         logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
-        loss = cross_entropy(logits, batch["label"]).mean()
-        accuracy = (jnp.argmax(logits, -1) == batch["label"]).mean()
+        weights = batch.get("mask")
+        loss = _mean_over_examples(cross_entropy(logits, batch["label"]), weights, axis_name)
+        correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+        accuracy = _mean_over_examples(correct, weights, axis_name)
         penalty = jnp.zeros((), jnp.float32) if params_hook is None else params_hook.penalty(params)
         total = loss + penalty
         return (total * scale if scaled else total), (loss, accuracy, new_model_state, penalty)
@@ -170,6 +175,21 @@ def make_train_step(
         return new_state, metrics
 
     return train_step
+
+
+def _mean_over_examples(values: jax.Array, mask: jax.Array | None, axis_name: str | None) -> jax.Array:
+    """The mean of per-example ``values`` over the real examples of the global batch: ``mask`` (1 = real,
+    0 = a padding copy of a partial last batch, :class:`jaxnorm.data.ArraySource` with
+    ``drop_remainder=False``) weighs them. Across the devices of ``axis_name`` the sum is divided by the
+    devices' mean count, so the ``pmean`` of the losses (and of their gradients) that the step takes is
+    the global weighted mean."""
+    if mask is None:
+        return values.mean()
+    weights = mask.astype(values.dtype)
+    count = weights.sum()
+    if axis_name is not None:
+        count = jax.lax.pmean(count, axis_name)
+    return (values * weights).sum() / jnp.maximum(count, 1)
 
 
 def make_eval_step(
