@@ -142,23 +142,29 @@ def run_identity(model: Any, train_data: Any) -> dict[str, Any]:
     attributes, nested modules included; memory addresses of functions left out, whitespace
     collapsed), and the training data's number of examples and global batch size."""
     description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
+    sizes = {key: getattr(train_data, key, None) for key in ("num_examples", "global_batch_size")}
     return {
         "model": " ".join(description.split()),
-        "train_data": {
-            "type": type(train_data).__name__,
-            "num_examples": getattr(train_data, "num_examples", None),
-            "global_batch_size": getattr(train_data, "global_batch_size", None),
-        },
+        "train_data": {key: value for key, value in sizes.items() if value is not None},
     }
 
 
 def identity_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, tuple]:
     """``{key: (old, new)}`` of two :func:`run_identity` values (none where either is unknown: a run
-    recorded before identities were, or a check without a model)."""
+    recorded before identities were, or a check without a model; of the training data, the sizes both
+    know: a wrapper of a source may not say its number of examples)."""
     if not old or not new:
         return {}
     new = json.loads(json.dumps(new, default=repr))
-    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+    old_data, new_data = old.get("train_data") or {}, new.get("train_data") or {}
+    common = set(old_data) & set(new_data)
+    differences = {}
+    if old.get("model") != new.get("model"):
+        differences["model"] = (old.get("model"), new.get("model"))
+    if any(old_data[k] != new_data[k] for k in common):
+        pick = lambda sizes: {k: sizes[k] for k in sorted(common)}
+        differences["train_data"] = (pick(old_data), pick(new_data))
+    return differences
 
 
 def _git_commit() -> str | None:
