@@ -120,9 +120,20 @@ def sweep_runs(name: str, variant: str, point: dict[str, object]) -> list[dict]:
     runs = load_results(name)
     if not isinstance(runs, list):
         raise ValueError(f"results {name!r} are no resume_grid.py JSONL sweep")
-    return [
+    keys = {k for r in runs for k in r["grid"]}
+    unknown = sorted(set(point) - keys) if runs else []
+    if unknown:  # every run of a sweep has the same grid keys: a misspelt one would read as pending
+        raise ValueError(f"sweep {name!r} has no grid key {unknown}; its keys: {sorted(keys)}")
+    chosen = [
         r for r in runs if r["variant"] == variant and all(r["grid"].get(k) == v for k, v in point.items())
     ]
+    pooled = sorted(k for k in keys - set(point) if len({repr(r["grid"].get(k)) for r in chosen}) > 1)
+    if pooled:
+        raise ValueError(
+            f"{name}:{variant} would pool runs of different {pooled}; name the grid point "
+            f"('{variant}@{pooled[0]}=...')"
+        )
+    return chosen
 
 
 def group(ref: str) -> Group:

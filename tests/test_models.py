@@ -289,6 +289,11 @@ def test_groups_for():
             "calibration.*'exact'",
         ),
         (lambda: models.create("mlp", num_classes=10, norm="wn", g_init="zeros"), "g_init.*'data'"),
+        # silently another model before: a linear classifier, one class, one group
+        (lambda: models.create("mlp", num_classes=10, depth=-1), "depth must be an int >= 0"),
+        (lambda: models.create("mlp", num_classes=True), "num_classes must be a positive int"),
+        (lambda: models.create("mlp", num_classes=10, num_groups=True), "num_groups"),
+        (lambda: models.create("resnet18", num_classes=10, width=2.5), "width"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, match):
@@ -409,3 +414,18 @@ def test_weight_norm_g_init_options():
         np.testing.assert_allclose(pre.mean(0), 0.0, atol=1e-4)
         np.testing.assert_allclose(pre.var(0), 1.0, rtol=1e-3)
         h = np.maximum(pre, 0.0)
+
+
+def test_mp_resnet_uses_mp_silu_after_the_residual_add_too():
+    """``norm="mp"``: MP-SiLU in place of every ReLU, the one after a block's residual add included
+    (it was ``nn.relu(y + x)``: 40 % of block outputs exactly 0, none negative)."""
+    x = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
+    model = models.create("resnet18", num_classes=10, norm="mp", width=8)
+    variables = model.init(jax.random.key(0), x, train=False)
+    _, captured = model.apply(
+        variables, x, train=False, mutable=["intermediates"], capture_intermediates=True
+    )
+    block = np.asarray(captured["intermediates"]["stage0_block0"]["__call__"][0])
+    assert block.min() < -0.1 and np.mean(block == 0) < 0.01
+    assert float(block.min()) >= -0.5  # MP-SiLU's minimum, silu(-1.28) / 0.596 = -0.47
+    np.testing.assert_array_equal(models.create("mlp", num_classes=np.int64(10)).num_classes, 10)

@@ -433,6 +433,12 @@ def test_analysis_rejects_bad_references_naming_them():
         analysis.render("{d:writeup_transcribed:norm_matters/l2bn}")
     with pytest.raises(ValueError, match="n must be an int >= 2"):
         analysis.from_population_std(1.0, 0.1, 1)
+    # a sweep's misspelt grid key read as "pending", a missing grid point pooled depths 2/8/16
+    with pytest.raises(ValueError, match=r"no grid key \['model.kwargs.dpth'\]"):
+        analysis.group("cifar10_enorm_fc_test:bn@model.kwargs.dpth=8")
+    with pytest.raises(ValueError, match=r"would pool runs of different \['model.kwargs.depth'\]"):
+        analysis.group("cifar10_enorm_fc_test:bn")
+    assert analysis.group("cifar10_enorm_fc_test:bn@model.kwargs.depth=8").n == 3
 
 
 def test_per_epoch_fields_read_each_runs_curves():

@@ -53,6 +53,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm import nn as jnn
 
@@ -87,6 +88,14 @@ def check_choice(value: Any, choices: Any, argument: str) -> None:
     if value not in choices:
         raise ValueError(
             f"{argument} must be one of {sorted(choices)}, got {value!r}")
+
+
+def check_count(value: Any, argument: str, minimum: int = 1) -> None:
+    """Raise ``ValueError`` naming ``argument`` unless ``value`` is an int (a NumPy integer too, not a
+    bool: ``True`` would be read as 1) of at least ``minimum``."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{argument} must be {kind}, got {value!r}")
 
 
 def resolve_kernel_init(kernel_init: str | Initializer) -> Initializer:
@@ -180,7 +189,7 @@ class NormLayers:
                 feature_axes=-1, dtype=self.dtype, name=name)
         return None
 
-    def _activation(self, x: Array) -> Array:
+    def activation(self, x: Array) -> Array:
         """ReLU, or MP-SiLU for ``mp`` (EDM2 Sec. 3.3: unit second moment for unit-normal input)."""
         return jnn.mp_silu(x) if self.norm == "mp" else nn.relu(x)
 
@@ -198,7 +207,7 @@ class NormLayers:
         Used by pre-activation blocks (WRN). For weight-space methods this is just the ReLU.
         """
         x = self._apply_norm(x, train=train, name=name)
-        return self._activation(x) if act else x
+        return self.activation(x) if act else x
 
     def conv(
         self, x: Array, features: int, kernel_size: int, *, train: bool, name: str,
@@ -241,7 +250,7 @@ class NormLayers:
         x = layer(x)
         if normalize:
             x = self._apply_norm(x, train=train, name=name + "_norm")
-        return self._activation(x) if act else x
+        return self.activation(x) if act else x
 
     def dense(
         self, x: Array, features: int, *, train: bool, name: str, act: bool = True,
@@ -264,7 +273,7 @@ class NormLayers:
         else:
             layer = nn.Dense(use_bias=not self.has_activation_norm, **common)
         x = self._apply_norm(layer(x), train=train, name=name + "_norm")
-        return self._activation(x) if act else x
+        return self.activation(x) if act else x
 
     def head(self, x: Array, num_classes: int, *, train: bool, final_bn: bool,
              name: str = "head") -> Array:
@@ -327,8 +336,7 @@ def norm_layers(
     check_choice(g_init, ("norm", "ones", "data"), "g_init")
     for argument, value in (("num_groups", num_groups), ("topk", topk),
                             ("virtual_batch_size", virtual_batch_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{argument} must be a positive int, got {value!r}")
+        check_count(value, argument)
     if not 0.0 <= bn_momentum < 1.0:
         raise ValueError(f"bn_momentum must lie in [0, 1), got {bn_momentum!r}")
     if not (epsilon > 0 and math.isfinite(epsilon)):

@@ -11,7 +11,7 @@ import flax.linen as nn
 
 from jaxnorm.models.cifar_nv import CifarNV
 from jaxnorm.models.mlp import MLP
-from jaxnorm.models.norms import check_choice, norm_layers
+from jaxnorm.models.norms import check_choice, check_count, norm_layers
 from jaxnorm.models.resnet import resnet18, resnet56
 from jaxnorm.models.vgg import CONFIGS, VGG
 from jaxnorm.models.wrn import WideResNet
@@ -73,6 +73,15 @@ def model_options(name: str) -> tuple[str, ...]:
     return tuple(p for p in signature.parameters if p not in skip)
 
 
+def _check_counts(builder: Callable[..., nn.Module], model_kwargs: dict[str, Any]) -> None:
+    """The model options whose default is an int (``depth``, ``width``, ``widen_factor``) are ints:
+    ``depth`` at least 0 (an MLP of depth 0 is a linear classifier), the others at least 1."""
+    for parameter in inspect.signature(builder).parameters.values():
+        default = parameter.default
+        if parameter.name in model_kwargs and isinstance(default, int) and not isinstance(default, bool):
+            check_count(model_kwargs[parameter.name], parameter.name, 0 if parameter.name == "depth" else 1)
+
+
 def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> nn.Module:
     """Build model ``name`` with normalization ``norm``.
 
@@ -95,8 +104,7 @@ def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> n
       ValueError: unknown name, norm or option, listing the valid choices.
     """
     check_choice(name, _REGISTRY, "name")
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    check_count(num_classes, "num_classes")
     entry = _REGISTRY[name]
     options = model_options(name)
     kwargs = {**entry.defaults, **kwargs}
@@ -107,4 +115,5 @@ def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> n
             f"{sorted(options)} and normalization options {sorted(NORM_OPTIONS)}")
     layers = norm_layers(norm, **{k: v for k, v in kwargs.items() if k in NORM_OPTIONS})
     model_kwargs = {k: v for k, v in kwargs.items() if k in options}
+    _check_counts(entry.builder, model_kwargs)
     return entry.builder(num_classes=num_classes, layers=layers, **model_kwargs)

@@ -22,7 +22,8 @@ def zero_pad_shortcut(x: jax.Array, features: int, strides: int) -> jax.Array:
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs with a shortcut: ``relu(norm(conv2(relu(norm(conv1(x))))) + shortcut(x))``.
+    """Two 3x3 convs with a shortcut: ``relu(norm(conv2(relu(norm(conv1(x))))) + shortcut(x))`` (every
+    ``relu`` MP-SiLU for ``norm="mp"``).
 
     Shortcuts (He et al. 2016, Sec. 4.1 "options" A/B/C): ``"A"`` identity, zero-padded
     when the shape changes (no parameters); ``"B"`` identity, a 1x1 conv + norm when the shape
@@ -55,7 +56,7 @@ class BasicBlock(nn.Module):
                             act=False, gain=1.0)
         elif reshaped:
             x = zero_pad_shortcut(x, features, strides)
-        return nn.relu(y + x)
+        return layers.activation(y + x)  # ReLU, or MP-SiLU for norm='mp'
 
 
 class ResNet(nn.Module):
