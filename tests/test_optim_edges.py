@@ -117,6 +117,49 @@ def test_rescale_state_keeps_float16_finite():
     np.testing.assert_array_equal(nu[:, 1], 100.0)
 
 
+STATE_LAW_PARAMS = {
+    "d1": {"kernel": jnp.ones((4, 3)), "bias": jnp.zeros(3)},
+    "d2": {"kernel": jnp.ones((3, 2))},
+}
+"""A two-layer chain: ``enorm`` finds its junction from the params."""
+
+
+@pytest.mark.parametrize(
+    ("name", "tx"),
+    [
+        ("adamax", optax.adamax(1e-3)),  # nu: the infinity norm, x / m, read as Adam's x / m**2
+        ("adopt", optax.contrib.adopt(1e-3)),  # mu: a normalized moment, unchanged, read as x / m
+        ("adam then trace", optax.chain(optax.scale_by_adam(), optax.trace(0.9))),  # normalized: unchanged
+    ],
+)
+def test_states_read_wrongly_by_their_type_are_refused_at_init(name, tx):
+    """optax reuses ScaleByAdamState and TraceState for other quantities; rescale_state carried them
+    by the type's rule (adamax's nu 2x off per unit of log2 m, 16.9x end to end in the hunt's repro)."""
+    for make in (
+        lambda tx: optim.enorm(tx),
+        lambda tx: weight_rescaling(2, inner=tx, rescale_state=True),
+        lambda tx: optim.teleportation(tx, every=1),
+    ):
+        wrong = r"state\[\d\]\.\w+\['d\d'\].* does not transform as rescale_state"
+        with pytest.raises(ValueError, match=wrong):
+            make(tx).init(STATE_LAW_PARAMS)
+    weight_rescaling(2, inner=tx).init(STATE_LAW_PARAMS)  # its state not rescaled: no check
+
+
+@pytest.mark.parametrize(
+    "tx",
+    [optax.sgd(0.1, momentum=0.9), optax.adamw(1e-3), optax.rmsprop(1e-3), optax.lion(1e-3),
+     optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9)),
+     optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)],
+    ids=["momentum", "adamw", "rmsprop", "lion", "clip-momentum", "inject-adam"],
+)
+def test_states_that_follow_eq_10_are_accepted_also_under_jit(tx):
+    optim.enorm(tx).init(STATE_LAW_PARAMS)
+    jax.jit(optim.enorm(tx).init)(STATE_LAW_PARAMS)
+    with pytest.raises(ValueError, match=r"does not transform"):
+        jax.jit(optim.enorm(optax.adamax(1e-3)).init)(STATE_LAW_PARAMS)
+
+
 # --- 2. arguments ------------------------------------------------------------------------------
 
 

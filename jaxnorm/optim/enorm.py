@@ -33,7 +33,7 @@ from jaxnorm.enorm.balance import (
 from jaxnorm.enorm.spec import Junction, chain
 from jaxnorm.optim import landing
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
-from jaxnorm.optim.state import rescale_state
+from jaxnorm.optim.state import check_rescaling_law, rescale_state
 
 __all__ = ["MAX_STEP_SCALE", "EnormState", "enorm"]
 
@@ -127,6 +127,7 @@ def enorm(
         jax.eval_shape(lambda x: enorm_balance(x, the_spec, p=p, c=c, cycles=0), params)  # validate
         inner_state = inner.init(params)
         rescale_state(inner_state, jax.tree.map(lambda _: None, params))  # unknown states raise
+        check_rescaling_law(inner, params, "enorm")  # known types holding other quantities raise
         return EnormState(count=jnp.zeros([], jnp.int32), inner_state=inner_state)
 
     def update_fn(updates: PyTree, state: EnormState, params: PyTree | None = None, **extra_args):

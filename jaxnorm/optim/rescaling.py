@@ -279,6 +279,8 @@ def weight_rescaling(
     def init_fn(params: PyTree) -> WeightRescalingState:
         flags = resolve_mask(mask, params, "weight_rescaling")
         inner_state = optax.EmptyState() if wrapped is None else wrapped.init(params)
+        if rescale_state:
+            state_lib.check_rescaling_law(wrapped, params, "weight_rescaling")
         return WeightRescalingState(
             count=jnp.zeros([], jnp.int32), inner_state=inner_state, scales=ones_scales(params, flags)
         )

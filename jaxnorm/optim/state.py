@@ -10,6 +10,13 @@ Adagrad) as ``x' = x / m**2``. Counters, hyperparameters and RNG keys are left a
 :func:`rescale_state` walks an optax state with the rules below; :func:`register_state_rule` adds
 the rule of a state type jaxnorm does not know. A state that holds arrays and has no rule raises a
 ``TypeError`` naming its type, rather than being silently left inconsistent.
+
+The rules read a state by its type, and some optax types hold other quantities in other optimizers:
+``optax.adamax`` keeps the infinity norm (``x / m``) in ``ScaleByAdamState.nu``, ADOPT a normalized
+first moment (unchanged) in its ``mu``, and a ``trace`` chained after ``scale_by_adam`` accumulates
+normalized updates (unchanged). :func:`check_rescaling_law` therefore runs the optimizer once on probe
+parameters and on their rescaling, and the wrappers call it at ``init``: an optimizer whose state the
+table would carry wrongly is an error there, not a silently inconsistent state.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-__all__ = ["StateRule", "register_state_rule", "rescale_state", "saturating_divide"]
+__all__ = ["StateRule", "check_rescaling_law", "register_state_rule", "rescale_state", "saturating_divide"]
 
 PyTree = Any
 
@@ -157,3 +165,65 @@ def rescale_state(state: PyTree, multipliers: PyTree) -> PyTree:
     for name in rule.nested:
         updates[name] = rescale_state(getattr(state, name), multipliers)
     return state._replace(**updates) if updates else state
+
+
+def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_name: str) -> None:
+    """Raises ``ValueError`` where :func:`rescale_state` would not carry ``tx``'s state across a
+    rescaling ``w' = w * m`` (Eq. 10): two steps of ``tx`` on probe parameters of ``params``' structure
+    and ranks (each axis at most 3 long: the rules are per entry) with gradients ``g``, their state
+    rescaled by :func:`rescale_state`, must be the state of the same two steps on ``w * m`` with
+    ``g / m``. ``m`` is 1/2 or 2 per entry (exact in every float dtype);
+    the gradients are small (global norm 1e-3), so that clipping and other non-homogeneous steps of
+    ordinary gradients stay out of the probe. Runs eagerly, also inside ``jit`` (the probe's values are
+    constants); an optimizer whose ``update`` needs other arguments is not probed."""
+    flat, treedef = jax.tree.flatten(params)
+    if not flat:
+        return
+    rng = np.random.default_rng(0)
+    floating = [jnp.issubdtype(jnp.result_type(leaf), jnp.inexact) for leaf in flat]
+    size = max(sum(int(np.prod([min(d, 3) for d in np.shape(leaf)])) for leaf in flat), 1)
+
+    def draw(scale: float, values=None) -> PyTree:
+        leaves = []
+        for leaf, is_float in zip(flat, floating, strict=True):
+            # each axis at most 3 long: the rank (which masks may read) kept, the probe cheap; half
+            # precision probed in float32 (the rules are algebra; its small gradients would be subnormal)
+            shape, dtype = tuple(min(d, 3) for d in np.shape(leaf)), jnp.result_type(leaf)
+            dtype = jnp.promote_types(dtype, jnp.float32) if is_float else dtype
+            if not is_float:
+                leaves.append(jnp.zeros(shape, dtype))
+            else:
+                drawn = rng.normal(size=shape) * scale if values is None else values(shape)
+                leaves.append(jnp.asarray(drawn, dtype))
+        return treedef.unflatten(leaves)
+
+    with jax.ensure_compile_time_eval():
+        w = draw(1.0)
+        m = draw(1.0, lambda shape: np.where(rng.random(shape) < 0.5, 0.5, 2.0))
+        m = jax.tree.map(lambda leaf, f: leaf if f else None, m, treedef.unflatten(floating))
+        grads = [draw(1e-3 / np.sqrt(size)) for _ in range(2)]
+        scaled = lambda tree, op: jax.tree.map(lambda a, b: a if b is None else op(a, b), tree, m,
+                                               is_leaf=lambda x: x is None)
+        try:
+            state, state_scaled = tx.init(w), tx.init(scaled(w, jnp.multiply))
+            for g in grads:
+                _, state = tx.update(g, state, w)
+                _, state_scaled = tx.update(scaled(g, jnp.divide), state_scaled, scaled(w, jnp.multiply))
+        except TypeError:  # an update that needs other arguments (e.g. a loss value)
+            return
+        carried = rescale_state(state, m)
+    for (path, got), want in zip(
+        jax.tree_util.tree_flatten_with_path(carried)[0], jax.tree.leaves(state_scaled), strict=True
+    ):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        tolerance = 1e-3 * np.max(np.abs(want), initial=0) + 1e-30
+        if got.shape != want.shape or np.any(np.abs(got - want) > tolerance):
+            raise ValueError(
+                f"{fn_name}: the optimizer's state{jax.tree_util.keystr(path)} does not transform as "
+                "rescale_state's rule for its type says when the parameters are rescaled (Eq. 10 of "
+                "Stock et al. 2019; e.g. optax.adamax's nu, ADOPT's mu, a trace after scale_by_adam), "
+                "so it would be left inconsistent; use an optimizer whose state rescale_state knows "
+                "(sgd, momentum, adam(w), amsgrad, rmsprop, lion, ...; adagrad's initial accumulator "
+                "does not scale), register a rule for a custom state "
+                "(jaxnorm.optim.state.register_state_rule), or do not rescale the state"
+            )

@@ -157,6 +157,7 @@ def teleportation(
         scales = ones(params)  # validates the spec against the params
         inner_state = inner.init(params)
         state_lib.rescale_state(inner_state, jax.tree.map(lambda _: None, params))  # unknown: raise
+        state_lib.check_rescaling_law(inner, params, what)  # known types holding other quantities
         return TeleportationState(
             count=jnp.zeros([], jnp.int32),
             inner_state=inner_state,
