@@ -298,6 +298,7 @@ MALFORMED = [
     case(F.batch_norm, (jnp.ones((1, 4)),), {}, "batch|x"),
     # --- magnitude-preserving blocks (EDM2)
     case(F.mp_weight, (V2,), dict(gain=0.0), "gain"),
+    case(F.mp_weight, (V2,), dict(gain=jnp.ones((V2.shape[0], 1))), "gain"),  # scaled input rows
     case(F.mp_weight, (V2,), dict(epsilon=-1.0), "epsilon"),
     case(F.mp_weight, (jnp.ones(4),), {}, "v"),
     case(F.mp_weight, (VI,), {}, "v", TypeError),

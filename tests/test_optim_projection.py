@@ -190,6 +190,18 @@ def test_norm_schedule_from_lr_follows_the_lr_schedule_run(x64):
     assert np.max(np.abs(out_c - out_b)) > 1e-3
 
 
+def test_norm_schedule_from_lr_with_a_warmup_follows_the_lr_schedule_run(x64):
+    """The peak rate as the base under a warmup that starts above 0: update 0, at the initial norms, is
+    the schedule's step (it was base / lr(0) = 10 times it, and the run stayed 1e-4 off after)."""
+    model, x, y, params = _invariant_problem()
+    lrs = optax.warmup_cosine_decay_schedule(0.1, 1.0, 3, 9)
+    tx = optax.chain(optax.sgd(lrs), norm_schedule_from_lr(lrs, base_learning_rate=1.0))
+    _, out_a = _train(tx, _project(params, 1.0), model, x, y, 9)
+    _, out_b = _train(optax.chain(optax.sgd(lrs), norm_schedule(1.0)), _project(params, 1.0), model, x, y, 9)
+    # (optax evaluates the warmup's rates in float32: 5e-8 apart; 1e-4 before the fix)
+    np.testing.assert_allclose(out_a, out_b, rtol=1e-6, atol=1e-6)
+
+
 def test_norm_schedule_from_lr_matches_numpy_oracle(x64):
     """One update against float64 NumPy: selected leaves u * lr_0 / lr(t), then norm sqrt(lr_0 / lr(t+1))."""
     params = _params(5)

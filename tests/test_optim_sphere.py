@@ -141,3 +141,13 @@ def test_inside_nnx_optimizer_matches_pure_params():
 def test_bad_arguments_refused_by_name(build, name):
     with pytest.raises((ValueError, TypeError), match=name):
         build()
+
+
+@pytest.mark.parametrize(("target", "norm"), [(0.1, 0.1), ("sqrt_fan_in", math.sqrt(6.0))])
+def test_float64_kernels_land_on_the_float64_target(x64, target, norm):
+    """The target norm was a float32 constant: float64 units landed 1.5e-8 off 0.1."""
+    params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)))}
+    tx = jaxnorm.optim.sphere_projection(target)
+    updates, _ = tx.update({"w": jnp.zeros((6, 3))}, tx.init(params), params)
+    landed = np.asarray(optax.apply_updates(params, updates)["w"])
+    np.testing.assert_allclose(np.linalg.norm(landed, axis=0), norm, rtol=1e-14)

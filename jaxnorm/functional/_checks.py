@@ -170,3 +170,12 @@ def check_positive_values(value: object, name: str) -> None:
     arr = arr.astype(np.float64)
     if not np.all(np.isfinite(arr) & (arr > 0)):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def check_per_unit(value: jnp.ndarray | float, w: jnp.ndarray, name: str) -> None:
+    """``value`` must be a scalar or one value per output unit, ``(out,)``."""
+    if jnp.shape(value) not in ((), (1,), (w.shape[-1],)):
+        raise ValueError(
+            f"{name} must be a scalar or have one value per output unit, shape ({w.shape[-1]},) for a "
+            f"kernel of shape {w.shape}, got shape {jnp.shape(value)}"
+        )

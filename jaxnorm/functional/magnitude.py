@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
+from jaxnorm.functional._checks import check_epsilon, check_floating, check_per_unit, check_positive_values
 from jaxnorm.functional.weight import unit_norm
 
 __all__ = ["MP_SILU_SCALE", "mp_concat", "mp_normalize", "mp_silu", "mp_sum", "mp_weight"]
@@ -71,6 +71,7 @@ def mp_weight(v: jnp.ndarray, gain: float | jnp.ndarray = 1.0, *, epsilon: float
       epsilon: added to the per-element RMS ``||v_j|| / sqrt(fan_in)`` (EDM2: 1e-4).
     """
     check_positive_values(gain, "gain")
+    check_per_unit(gain, v, "gain")
     scale = _unit_rms(v, epsilon) * math.sqrt(_fan_in(v))
     gain = jnp.asarray(gain, scale.dtype)
     return (v.astype(scale.dtype) * (gain / scale)).astype(v.dtype)

@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_epsilon, check_floating, check_positive_values
+from jaxnorm.functional._checks import check_epsilon, check_floating, check_per_unit, check_positive_values
 from jaxnorm.functional.batch import batch_moments
 
 __all__ = [
@@ -73,15 +73,6 @@ def _scaled_sumsq(w: jnp.ndarray, epsilon: float, name: str) -> tuple[jnp.ndarra
     return u, c, t
 
 
-def _check_per_unit(value: jnp.ndarray | float, w: jnp.ndarray, name: str) -> None:
-    """``value`` must be a scalar or one value per output unit, ``(out,)``."""
-    if jnp.shape(value) not in ((), (1,), (w.shape[-1],)):
-        raise ValueError(
-            f"{name} must be a scalar or have one value per output unit, shape ({w.shape[-1]},) for a "
-            f"kernel of shape {w.shape}, got shape {jnp.shape(value)}"
-        )
-
-
 def fans(shape: tuple[int, ...]) -> tuple[int, int]:
     """``(fan_in, fan_out)`` of a kernel: Dense ``(in, out)``; Conv ``(*window, in, out)``.
 
@@ -122,7 +113,7 @@ def project_to_norm(w: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: float 
 def _project(w: jnp.ndarray, rho: jnp.ndarray | float, epsilon: float, name: str, w_name: str) -> jnp.ndarray:
     """``rho * w / sqrt(||w||^2 + epsilon)`` computed as ``rho * u / sqrt(t)`` on ``u = w / c``."""
     epsilon = check_epsilon(epsilon)
-    _check_per_unit(rho, w, name)
+    check_per_unit(rho, w, name)
     u, _, t = _scaled_sumsq(w, epsilon, w_name)
     inv_norm = jax.lax.rsqrt(jnp.where(t > 0, t, jnp.ones_like(t)))
     return (u * (jnp.asarray(rho, inv_norm.dtype) * inv_norm)).astype(w.dtype)
@@ -216,6 +207,6 @@ def weight_standardization(
     denom = jnp.maximum(var * fan_in, jnp.square(math.sqrt(epsilon) * inv_c))
     scale = jax.lax.rsqrt(jnp.where(denom > 0, denom, jnp.ones_like(denom)))
     if gain is not None:
-        _check_per_unit(gain, w, "gain")
+        check_per_unit(gain, w, "gain")
         scale = scale * jnp.asarray(gain, scale.dtype)
     return (centred * scale).astype(w.dtype)

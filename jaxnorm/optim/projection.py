@@ -309,7 +309,8 @@ def norm_schedule_from_lr(
     Goes after an optimizer whose step size follows ``learning_rate`` (the count is the same:
     ``optax.chain(optax.sgd(schedule, momentum=0.9), norm_schedule_from_lr(schedule))``). On
     update ``t`` (the count before it, as optax schedules are called), each selected leaf's update
-    is multiplied by ``eta_0 / eta(t)``, so those units step at the constant base rate ``eta_0``,
+    (``t >= 1``; update 0, at the initial norms, keeps the schedule's step ``eta(0)``) is multiplied by
+    ``eta_0 / eta(t)``, so those units step at the constant base rate ``eta_0``,
     and the unit norms are then projected to
 
         rho(t + 1) = sqrt(eta_0 / eta(t + 1)).
@@ -358,7 +359,10 @@ def norm_schedule_from_lr(
         check_updates(updates, params, "norm_schedule_from_lr")
         flags = resolve_mask(mask, params, "norm_schedule_from_lr")
         eta = jnp.asarray(learning_rate(state.count))
+        # update 0 starts at the initial norms, not yet at rho = sqrt(eta_0 / eta(0)): the schedule's
+        # own step there, as in the comparison run (a base other than eta(0) made it eta_0 / eta(0) times)
         step_scale = jnp.where(eta > 0, base / jnp.where(eta > 0, eta, 1.0), 0.0)
+        step_scale = jnp.where(state.count == 0, 1.0, step_scale)
         eta_next = jnp.asarray(learning_rate(state.count + 1))
         rho = jnp.sqrt(base / jnp.maximum(eta_next, base * MIN_LR_RATIO))
         updates = jax.tree.map(

@@ -308,7 +308,7 @@ def adamp(
     _check_mask(mask, fn_name)
 
     def direction(grads, state, count):
-        t = count.astype(jnp.float32)
+        t = count.astype(jnp.result_type(float))  # float64 under x64: 1 - b2**t exact to its precision
         c1, c2 = 1.0 - b1**t, 1.0 - b2**t
         mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * _wide(g), state.mu, grads)
         nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(_wide(g)), state.nu, grads)

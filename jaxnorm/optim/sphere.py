@@ -81,9 +81,9 @@ def _check_leaf_axes(params: PyTree, flags: PyTree, unit_axis: int) -> None:
 
 def _target_norm(target: Any, count: jax.Array, fan_in: int) -> jax.Array:
     if _is_sqrt_fan_in(target):
-        return jnp.asarray(math.sqrt(fan_in), jnp.float32)
+        return jnp.asarray(math.sqrt(fan_in), jnp.result_type(float))
     value = target(count) if callable(target) else target
-    return jnp.asarray(value, jnp.float32)
+    return jnp.asarray(value, jnp.result_type(float))
 
 
 def _project_leaf(p: jax.Array, u: jax.Array, rho: jax.Array) -> tuple[jax.Array, jax.Array]:
