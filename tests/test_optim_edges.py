@@ -150,8 +150,9 @@ def test_states_read_wrongly_by_their_type_are_refused_at_init(name, tx):
     "tx",
     [optax.sgd(0.1, momentum=0.9), optax.adamw(1e-3), optax.rmsprop(1e-3), optax.lion(1e-3),
      optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9)),
-     optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)],
-    ids=["momentum", "adamw", "rmsprop", "lion", "clip-momentum", "inject-adam"],
+     optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
+     optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, momentum=0.9))],
+    ids=["momentum", "adamw", "rmsprop", "lion", "clip-momentum", "inject-adam", "l2-decay-momentum"],
 )
 def test_states_that_follow_eq_10_are_accepted_also_under_jit(tx):
     optim.enorm(tx).init(STATE_LAW_PARAMS)

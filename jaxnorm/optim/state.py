@@ -174,8 +174,10 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
     rescaled by :func:`rescale_state`, must be the state of the same two steps on ``w * m`` with
     ``g / m``. ``m`` is 1/2 or 2 per entry (exact in every float dtype);
     the gradients are small (global norm 1e-3), so that clipping and other non-homogeneous steps of
-    ordinary gradients stay out of the probe. Runs eagerly, also inside ``jit`` (the probe's values are
-    constants); an optimizer whose ``update`` needs other arguments is not probed."""
+    ordinary gradients stay out of the probe, and the parameters far smaller (1e-9 per entry), so that
+    weight decay added to the gradient does too (SGD with L2 decay keeps the paper's momentum rule).
+    Runs eagerly, also inside ``jit`` (the probe's values are constants); an optimizer whose ``update``
+    needs other arguments is not probed."""
     flat, treedef = jax.tree.flatten(params)
     if not flat:
         return
@@ -198,7 +200,9 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
         return treedef.unflatten(leaves)
 
     with jax.ensure_compile_time_eval():
-        w = draw(1.0)
+        # tiny params: weight decay added to the gradient (wd * w, degree +1, which Eq. 10 as the
+        # papers apply it leaves to the momentum's rule) stays below the probe's tolerance
+        w = draw(1e-9)
         m = draw(1.0, lambda shape: np.where(rng.random(shape) < 0.5, 0.5, 2.0))
         m = jax.tree.map(lambda leaf, f: leaf if f else None, m, treedef.unflatten(floating))
         grads = [draw(1e-3 / np.sqrt(size)) for _ in range(2)]
