@@ -140,12 +140,13 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
 def run_identity(model: Any, train_data: Any) -> dict[str, Any]:
     """What a run trains that its config may not say: the model, as its ``repr`` (a linen module's
     attributes, nested modules included; memory addresses of functions left out, whitespace
-    collapsed), and the training data's number of examples and global batch size."""
+    collapsed), and the training data's number of examples and global batch size (those it says), as
+    plain JSON values: what ``run.json`` stores and :func:`identity_differences` compares."""
     description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
     sizes = {key: getattr(train_data, key, None) for key in ("num_examples", "global_batch_size")}
     return {
         "model": " ".join(description.split()),
-        "train_data": {key: value for key, value in sizes.items() if value is not None},
+        "train_data": {key: int(value) for key, value in sizes.items() if value is not None},
     }
 
 
@@ -155,7 +156,6 @@ def identity_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] |
     know: a wrapper of a source may not say its number of examples)."""
     if not old or not new:
         return {}
-    new = json.loads(json.dumps(new, default=repr))
     old_data, new_data = old.get("train_data") or {}, new.get("train_data") or {}
     common = set(old_data) & set(new_data)
     differences = {}
@@ -273,7 +273,7 @@ def plan_run(
     session = {"started": now(), **environment()}
     new_record = {
         "config": config_dict(config),
-        **({} if identity is None else {"identity": json.loads(json.dumps(identity, default=repr))}),
+        **({} if identity is None else {"identity": dict(identity)}),
         "total_steps": total_steps,
         "schedule_steps": total_steps,
         "sessions": [session],
@@ -286,7 +286,7 @@ def plan_run(
     schedule_steps = int(old.get("schedule_steps", recorded_steps))
     record = {**old, "config": config_dict(config), "sessions": [*old.get("sessions", []), session]}
     if identity is not None:
-        record["identity"] = new_record["identity"]
+        record["identity"] = dict(identity)
     if total_steps == recorded_steps:
         return RunPlan("resume", schedule_steps, record, recorded_steps)
     if on_existing == "extend" and total_steps > recorded_steps:
