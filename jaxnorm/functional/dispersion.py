@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
+from jax import lax
 
 from jaxnorm.functional.collectives import AxisIndexGroups, gather_combine
 from jaxnorm.functional.dispersion_l1 import l1_statistics
@@ -33,7 +34,7 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import ChannelGroups, group_combine, local_moments
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
-from jaxnorm.functional.units import Statistics, true_variance
+from jaxnorm.functional.units import Statistics, huge_unit, true_variance
 
 __all__ = [
     "DISPERSIONS",
@@ -74,11 +75,14 @@ def dispersion_kind(options: BatchOptions) -> object:
 
 
 def deviations_in_unit(options: BatchOptions) -> bool:
-    """Whether statistics of these ``options`` kept in a unit need the deviations scaled too
-    (``normalize(..., scaled_deviations=...)``): the L2 ones, whose sums were taken of ``x * unit``
-    where those of ``x`` overflow, so ``x - mean`` itself can overflow. The L1, L∞ and top-k ones
-    are finite only where every deviation is (their sums and extremes are of ``|x - mean|``), so the
-    unit scales their inverse alone."""
+    """Whether statistics of these ``options`` kept in a unit need the deviations scaled on every
+    platform (``normalize(..., scaled_deviations=...)``): the L2 ones, whose unit is chosen where
+    ``sum (x - mean)^2`` overflows, from ``sigma_hat ~ 2^64``, long before the folded inverse
+    ``rsqrt(var) * unit = 1 / sigma_hat`` leaves the normal numbers. The L1, L∞ and top-k ones let
+    XLA:CPU fold the unit into the inverse (:func:`~jaxnorm.functional.normalize.normalize`): their
+    unit is chosen where ``sigma_hat^2`` leaves :func:`~jaxnorm.functional.units.in_range`, and only
+    groups within a factor 4 of the dtype's maximum come out wrong there (0), where the scaled
+    deviations cost XLA:CPU a product per element in both passes (``docs/benchmarks.md``)."""
     return dispersion_kind(options) == 2
 
 
@@ -103,7 +107,40 @@ def dispersion_statistics(
     reduction; ``axis_name`` merges devices (``axis_index_groups``: per group of devices).
     """
     r = Reduction(x, x, axes, mask, groups, axis_name, axis_index_groups)
-    return Statistics(*DISPERSIONS[dispersion_kind(options)](r, options))
+    kind = dispersion_kind(options)
+    if kind in (2, "mean"):  # L2 keeps its own unit in its sums; mean-only has no unit
+        return Statistics(*DISPERSIONS[kind](r, options))
+    return _overflowed_groups_in_unit(DISPERSIONS[kind], r, options)
+
+
+def _overflowed_groups_in_unit(
+    statistics_of: Callable[[Reduction, BatchOptions], Statistics], r: Reduction, options: BatchOptions
+) -> Statistics:
+    """The L1, L∞ or top-k statistics of ``r``, with the groups whose sums of ``x`` overflow (finite
+    input near the dtype's maximum: ``sum x`` or ``sum |x - mu|`` beyond it, the mean or ``sigma_hat``
+    not finite) taken of ``x * h`` instead, ``h`` :func:`~jaxnorm.functional.units.huge_unit`: their
+    mean is that of ``x * h`` over ``h`` and their unit ``h`` times the unit of ``x * h``'s variance
+    (exact: powers of two). Every other group keeps its statistics bit for bit.
+
+    The check is per group after the merge over channels and devices (the same on every device that
+    shares the statistics); only where some group failed does a :func:`jax.lax.cond` take the second
+    computation. The failed groups' own statistics are replaced by 0 and 1 before the select, so that
+    their derivative, multiplied by the select's zero cotangent, is not ``0 * inf``.
+    """
+    plain = statistics_of(r, options)
+    finite = lax.stop_gradient(jnp.isfinite(plain.mean) & jnp.isfinite(plain.var))
+
+    def rescaled() -> Statistics:
+        h = huge_unit(plain.var.dtype)
+        scaled_x = r.x.astype(plain.var.dtype) * h
+        scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
+        return Statistics(
+            jnp.where(finite, plain.mean, 0) + jnp.where(finite, 0, scaled.mean / h),
+            jnp.where(finite, plain.var, 1) + jnp.where(finite, 0, scaled.var),
+            jnp.where(finite, plain.unit, 1) * jnp.where(finite, 1, scaled.unit * h),
+        )
+
+    return lax.cond(jnp.all(finite), lambda: plain, rescaled)
 
 
 def dispersion_moments(

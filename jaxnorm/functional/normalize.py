@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional._checks import check_bool, check_broadcasts, check_epsilon
+from jaxnorm.functional.platform import per_platform
 from jaxnorm.functional.units import Statistics, inverse_std
 
 __all__ = ["normalize"]
@@ -35,10 +36,13 @@ def normalize(
     ``bias`` broadcast against ``x``. Computed in the statistics' precision; returned as ``dtype``
     (default ``x.dtype``). Used for both the batch-statistics and the running-statistics path. With
     ``unit`` (:mod:`jaxnorm.functional.units`: ``var`` is the variance of ``x * unit``) it is
-    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``, or, with
-    ``scaled_deviations=False`` (statistics whose every deviation ``x - mean`` is finite: :func:`~jaxnorm.
-    functional.dispersion.deviations_in_unit`), ``(x - mean) * (rsqrt(var + epsilon * unit^2) * unit)
-    * scale + bias``: one product per group instead of two per element.
+    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``. With
+    ``scaled_deviations=False`` XLA:CPU folds the unit into the inverse instead,
+    ``(x - mean) * (rsqrt(var + epsilon * unit^2) * unit) * scale + bias``: one product per group instead
+    of two per element in the forward and backward passes, the same numbers wherever ``x - mean`` is
+    finite and ``sigma_hat`` below ``2^126`` (float32; beyond, the folded inverse is subnormal and XLA:CPU
+    flushes it to 0). Other platforms keep the scaled deviations, whose products sit in a memory-bound
+    fused kernel (:func:`~jaxnorm.functional.platform.per_platform`).
 
     Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
     (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
@@ -60,7 +64,23 @@ def normalize(
     scaled_deviations = check_bool(scaled_deviations, "scaled_deviations")
     inv = inverse_std(Statistics(mean, var, unit), epsilon)
     if unit is not None and not scaled_deviations:
-        inv, unit = inv * unit, None
+        def folded(x, mean, inv, scale, bias, unit):
+            return _scaled(x, mean, inv * unit, scale, bias, None, dtype)
+
+        return per_platform(folded, lambda *args: _scaled(*args, dtype), x, mean, inv, scale, bias, unit)
+    return _scaled(x, mean, inv, scale, bias, unit, dtype)
+
+
+def _scaled(
+    x: jnp.ndarray,
+    mean: jnp.ndarray,
+    inv: jnp.ndarray | None,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    unit: jnp.ndarray | None,
+    dtype: jnp.dtype | None,
+) -> jnp.ndarray:
+    """``(x * unit - mean * unit) * (inv * scale) + bias`` as ``dtype`` (absent factors: 1, bias 0)."""
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics

@@ -114,6 +114,9 @@ def variance_in_unit(dispersion: jnp.ndarray, tiny_groups: bool = False) -> tupl
     or underflows. Per group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1
     in ``x``, so ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times
     ``sigma_hat`` is exact (ordinary groups keep ``sigma_hat^2`` bit for bit)."""
+    # a dispersion whose sums overflowed (taken again in a unit, :mod:`jaxnorm.functional.dispersion`)
+    # has no derivative here: its square's, inf times the zero cotangent, would be NaN
+    dispersion = jnp.where(jnp.isfinite(dispersion), dispersion, lax.stop_gradient(dispersion))
     square = jnp.square(dispersion)
     plain = in_range(dispersion, square)
     dtype = dispersion.dtype
