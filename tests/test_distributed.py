@@ -63,6 +63,7 @@ SINGLE_HOST = COMMON + textwrap.dedent(
     save("single", run("jit", jax.devices()[:1]))
     save("jit", run("jit"))
     save("pmap", run("pmap"))
+    save("pmap_subset", run("pmap", jax.devices()[4:6]))  # not the first devices, with eval data
     save("pmap_local_bn", run("pmap", axis_name=None, evaluate=False))
     try:
         DataParallel("jit").check_batch_size(36)
@@ -141,6 +142,15 @@ def test_eight_devices_match_one_device_on_the_global_batch(single_host, mode):
     reference, parallel = _load(out / "single.npz"), _load(out / f"{mode}.npz")
     assert _max_diff(reference, parallel) < 1e-5
     assert any(k.startswith("batch_stats/") for k in reference)  # BN statistics compared too
+    assert float(parallel["eval_accuracy"]) == pytest.approx(float(reference["eval_accuracy"]))
+
+
+def test_pmap_on_devices_that_are_not_the_first_ones(single_host):
+    """``DataParallel("pmap", jax.devices()[4:6])``: train and eval steps run on those devices (the
+    eval step ran on devices 0 and 1 while the state sat on 4 and 5: a segmentation fault)."""
+    out, _ = single_host
+    reference, parallel = _load(out / "single.npz"), _load(out / "pmap_subset.npz")
+    assert _max_diff(reference, parallel) < 1e-5
     assert float(parallel["eval_accuracy"]) == pytest.approx(float(reference["eval_accuracy"]))
 
 

@@ -85,6 +85,28 @@ def test_padding_copies_are_out_of_the_loss_its_gradient_and_the_metrics(x64):
     assert float(metrics["accuracy"]) == pytest.approx(correct.mean(), rel=1e-7)  # float32
 
 
+def test_padding_copies_across_more_devices_than_real_examples(x64):
+    """Under pmap each device divides its sum by the devices' mean count: 3 real examples over 8 devices
+    (a partial last batch) must still give the SGD step on those 3, not on their sum over 8 (the mean
+    count 3/8 was rounded up to 1: loss and gradient divided by the devices). ``vmap`` with an
+    ``axis_name`` stands for the devices."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(3, 5)), rng.integers(0, 3, 3).astype(np.int32)
+    padded_x = np.concatenate([x, np.repeat(x[:1], 13, 0)]).reshape(8, 2, 5)
+    padded_y = np.concatenate([y, np.repeat(y[:1], 13)]).reshape(8, 2)
+    mask = (np.arange(16) < 3).astype(np.float32).reshape(8, 2)
+    model, tx = Linear(), optax.sgd(0.3)
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), jnp.asarray(x))
+    w, b = (np.asarray(state.params["Dense_0"][k]) for k in ("kernel", "bias"))
+    batch = {"image": jnp.asarray(padded_x), "label": jnp.asarray(padded_y), "mask": jnp.asarray(mask)}
+    step = make_train_step(model.apply, tx, axis_name="devices")
+    new, metrics = jax.jit(jax.vmap(step, in_axes=(None, 0), axis_name="devices"))(state, batch)
+    loss, gw, gb = _softmax_xent_grad(w, b, x, y)
+    np.testing.assert_allclose(new.params["Dense_0"]["kernel"][0], w - 0.3 * gw, rtol=1e-12)
+    np.testing.assert_allclose(new.params["Dense_0"]["bias"][0], b - 0.3 * gb, rtol=1e-12)
+    assert float(metrics["loss"][0]) == pytest.approx(loss, rel=1e-12)
+
+
 def _bn_setup():
     rng = np.random.default_rng(1)
     x = rng.normal(2.0, 3.0, size=(32, 4)).astype(np.float32)

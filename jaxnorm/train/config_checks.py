@@ -224,20 +224,40 @@ def check_batch_sizes(config: Mapping[str, Any], num_devices: int, num_processes
 
 
 def check_run_length(config: Mapping[str, Any]) -> int | None:
-    """Raises unless the run has steps and ``optimizer.warmup_steps`` is shorter than the run;
-    returns the run length in steps (``None`` if it is only known once the data is read)."""
+    """Raises unless the run has steps and :func:`check_accumulation` accepts them; returns the run
+    length in steps (``None`` if it is only known once the data is read)."""
     steps = planned_steps(config)
     if steps is not None and steps < 1:
         raise ValueError(
             f"the run has no steps: config.num_steps={config.get('num_steps', 0)}, "
             f"config.num_epochs={config.get('num_epochs', 1.0)}; set either one higher"
         )
-    warmup = int(config.optimizer.get("warmup_steps", 0) or 0)
-    if steps is not None and not 0 <= warmup < steps:
-        raise ValueError(
-            f"config.optimizer.warmup_steps={warmup} must be in [0, {steps}) (the run has {steps} steps)"
-        )
+    check_accumulation(config.optimizer, steps)
     return steps
+
+
+def check_accumulation(optimizer: Mapping[str, Any], steps: int | None) -> None:
+    """Raises unless ``optimizer.accumulate_steps`` is an int >= 1 that divides the run's ``steps``
+    (else the last micro-steps are accumulated and never applied; a run shorter than one update
+    trains nothing) and ``optimizer.warmup_steps`` is shorter than the run's updates (steps /
+    accumulate_steps, what the schedule counts). ``steps=None``: the run length is not known yet."""
+    accumulate = optimizer.get("accumulate_steps", 1)
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int | np.integer) or accumulate < 1:
+        raise ValueError(f"config.optimizer.accumulate_steps must be an int >= 1, got {accumulate!r}")
+    if steps is None:
+        return
+    if steps % accumulate:
+        raise ValueError(
+            f"the run's {steps} steps are not a multiple of config.optimizer.accumulate_steps={accumulate}: "
+            f"the last {steps % accumulate} micro-steps would be accumulated and never applied"
+        )
+    updates = steps // int(accumulate)
+    warmup = int(optimizer.get("warmup_steps", 0) or 0)
+    if not 0 <= warmup < updates:
+        counted = f"{updates} updates" + (f" of {accumulate} micro-steps" if accumulate > 1 else " steps")
+        raise ValueError(
+            f"config.optimizer.warmup_steps={warmup} must be in [0, {updates}) (the run has {counted})"
+        )
 
 
 def check_init_examples(count: Any, limit: int | None = None) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
-from jaxnorm.train.config_checks import check_init_examples
+from jaxnorm.train.config_checks import check_accumulation, check_init_examples
 from jaxnorm.train.data import BatchSource
 from jaxnorm.train.metrics import (
     MetricsWriter,
@@ -194,6 +194,7 @@ def train(
     primary = jax.process_index() == 0
     report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
+    check_accumulation(cfg.optimizer, steps)
     identity = run_identity(model, train_data)
     plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -248,7 +249,17 @@ def batch_stats_transport(
     stats_map = batch_stats_map(lambda v, x: model.apply(v, x, train=False), dict(variables), images[:1])
     if not stats_map:
         return None
-    return lambda stats, state: transport_batch_stats(stats, last_scales(state), stats_map)
+
+    def transport(stats: PyTree, state: PyTree) -> PyTree:
+        scales = last_scales(state)
+        if isinstance(state, optax.MultiStepsState):
+            # a micro-step that only accumulated keeps the last update's scales in its inner state:
+            # the kernels did not move, so neither do the statistics (they were divided again)
+            updated = state.mini_step == 0
+            scales = jax.tree.map(lambda s: jnp.where(updated, s, jnp.ones_like(s)), scales)
+        return transport_batch_stats(stats, scales, stats_map)
+
+    return transport
 
 
 def reference_norms(optimizer: Mapping[str, Any], workdir: str | None) -> PyTree | None:

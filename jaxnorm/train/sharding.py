@@ -177,7 +177,7 @@ class DataParallel:
                 out_shardings=(self.replicated, self.replicated),
                 donate_argnums=donate_argnums,
             )
-        return jax.pmap(step_fn, axis_name=PMAP_AXIS, donate_argnums=donate_argnums)
+        return jax.pmap(step_fn, axis_name=PMAP_AXIS, donate_argnums=donate_argnums, devices=self.devices)
 
     def compile_eval_step(self, eval_fn: Callable) -> Callable:
         """``eval_fn(state, batch) -> sums`` compiled for this mode."""
@@ -187,4 +187,4 @@ class DataParallel:
                 in_shardings=(self.replicated, self.batch_sharding),
                 out_shardings=self.replicated,
             )
-        return jax.pmap(eval_fn, axis_name=PMAP_AXIS)
+        return jax.pmap(eval_fn, axis_name=PMAP_AXIS, devices=self.devices)

@@ -182,14 +182,15 @@ def _mean_over_examples(values: jax.Array, mask: jax.Array | None, axis_name: st
     0 = a padding copy of a partial last batch, :class:`jaxnorm.data.ArraySource` with
     ``drop_remainder=False``) weighs them. Across the devices of ``axis_name`` the sum is divided by the
     devices' mean count, so the ``pmean`` of the losses (and of their gradients) that the step takes is
-    the global weighted mean."""
+    the global weighted mean; that mean count is below 1 where the batch holds fewer real examples than
+    there are devices, and is not rounded up (it was: the loss divided by the devices, not the count)."""
     if mask is None:
         return values.mean()
     weights = mask.astype(values.dtype)
     count = weights.sum()
     if axis_name is not None:
         count = jax.lax.pmean(count, axis_name)
-    return (values * weights).sum() / jnp.maximum(count, 1)
+    return (values * weights).sum() / jnp.where(count > 0, count, 1)
 
 
 def make_eval_step(
