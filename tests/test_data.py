@@ -71,6 +71,66 @@ def test_center_crop_and_augment_shapes():
         augment.apply("mixup", images, rng, train=True)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(padding=-1), "padding must be an integer >= 0"),
+    (dict(padding=1.5), "padding must be an integer >= 0"),
+    (dict(padding=True), "padding must be an integer >= 0"),
+    (dict(size=3.5), "size must be an integer"),
+])
+def test_random_crop_checks_its_arguments(kwargs, match):
+    images = np.zeros((2, 4, 4, 1), np.uint8)
+    args = dict(size=4, padding=1) | kwargs
+    with pytest.raises(ValueError, match=match):
+        augment.random_crop(images, np.random.default_rng(0), **args)
+    crops = augment.random_crop(images, np.random.default_rng(0), size=np.int64(4), padding=np.int32(0))
+    assert crops.shape == (2, 4, 4, 1)
+
+
+def test_colour_crop_flip_needs_rgb_images():
+    """Saturation and hue exist for RGB only (as TF's adjust_saturation / adjust_hue): a 1-channel
+    dataset with colour_crop_flip is refused where it is made, naming augment and the channels."""
+    grey = np.zeros((10, 4, 4, 1), np.uint8)
+    args = dict(mean=(0.5,), std=(0.5,), batch_size=4, seed=0, augment="colour_crop_flip",
+                drop_remainder=True, process_index=0, process_count=1)
+    for train in (True, False):
+        with pytest.raises(ValueError, match=r"augment='colour_crop_flip'.*1 channel"):
+            data.ArrayDataset(grey, np.arange(10), train=train, **args)
+    with pytest.raises(ValueError, match="images must be RGB"):
+        augment.random_colour(grey, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"augment='colour_crop_flip'.*1 channel"):
+        data.resolve_augment("mnist", "colour_crop_flip")
+    assert data.resolve_augment("cifar10", "colour_crop_flip") == "colour_crop_flip"
+
+
+def test_random_colour_matches_tensorflow_distort_color():
+    """:func:`random_colour` is TF's Inception distort_color (ordering 0): tf.image's adjust_brightness,
+    adjust_saturation, adjust_hue, adjust_contrast with the same factors, nothing clipped between them,
+    clipped to [0, 1] at the end. Agreement to the uint8 level but where float64 and TF's float32
+    round a value on either side of a rounding boundary."""
+    pytest.importorskip("tensorflow")
+    tf = tfds_io.tensorflow()
+    images = np.random.default_rng(0).integers(0, 256, (64, 8, 8, 3)).astype(np.uint8)
+    images[:8] = np.clip(images[:8].astype(int) + 160, 0, 255)  # bright images: brightness pushes past 1
+    images[8:16] //= 8  # dark ones: past 0
+    out = augment.random_colour(images, np.random.default_rng(5))
+    rng, b, jitter = np.random.default_rng(5), len(images), augment.COLOUR_JITTER  # the same draws, in order
+    brightness = rng.uniform(-jitter["brightness"], jitter["brightness"], b)
+    saturation = rng.uniform(*jitter["saturation"], b)
+    hue = rng.uniform(-jitter["hue"], jitter["hue"], b)
+    contrast = rng.uniform(*jitter["contrast"], b)
+    expected = []
+    for k in range(b):
+        x = tf.image.convert_image_dtype(images[k], tf.float32)
+        x = tf.image.adjust_brightness(x, brightness[k])
+        x = tf.image.adjust_saturation(x, saturation[k])
+        x = tf.image.adjust_hue(x, hue[k])
+        x = tf.image.adjust_contrast(x, contrast[k])
+        expected.append(np.round(np.clip(x.numpy(), 0.0, 1.0) * 255.0))
+    diff = np.abs(out.astype(np.float64) - np.array(expected))
+    assert diff.max() <= 1.0
+    assert (diff > 0).mean() < 1e-3
+
+
 def test_standardize_matches_float64():
     images = np.random.default_rng(0).integers(0, 256, size=(4, 3, 3, 3), dtype=np.uint8)
     mean, std = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.25, 0.3])
@@ -117,8 +177,18 @@ def test_missing_fashion_mnist_files_name_the_apt_package(tmp_path):
     (dict(augment="inception_crop_flip"), "augment"),
     (dict(batch_size=10, process_count=4, process_index=0), "batch_size"),
     (dict(process_index=2, process_count=2), "process_index"),
+    (dict(batch_size=True), "batch_size"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=1.5), "seed"),
+    (dict(prefetch_size=-1), "prefetch_size"),
+    (dict(split=None), "split"),
+    (dict(split="validation[:1shard]"), "split"),
+    (dict(split="validation[:20000]"), "split"),
+    (dict(name="fashion_mnist", augment="colour_crop_flip"), "augment='colour_crop_flip'.*1 channel"),
 ])
 def test_bad_load_arguments(kwargs, match):
+    """Refused before any data is read (cifar10 is not prepared here: a later check would raise
+    DatasetNotFoundError instead)."""
     args = dict(name="cifar10", split="train", batch_size=8, train=True) | kwargs
     with pytest.raises(ValueError, match=match):
         data.load(**args)
@@ -219,6 +289,54 @@ def test_array_source_pads_with_masked_copies_and_splits_over_processes(shuffle)
             np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), full[key])
 
 
+@pytest.mark.parametrize("prefetch_size", [0, 2])
+def test_epoch_and_start_are_checked_when_called(prefetch_size):
+    """start lies in [0, steps_per_epoch] (steps_per_epoch: the empty rest of a finished epoch, where a
+    run resumes at an epoch's end); epoch >= 0; both integers (NumPy ones too, not bools). A bad one
+    raises when epoch() is called, before any batch; a negative start once yielded copies of example 0."""
+    arrays = {"image": np.arange(10.0)[:, None], "label": np.arange(10)}
+    src = data.ArraySource(arrays, 4, seed=0, process_index=0, process_count=1, prefetch_size=prefetch_size)
+    full = list(src.epoch(0))
+    assert src.steps_per_epoch == 2
+    assert epochs_equal(list(src.epoch(np.int64(0), start=np.int32(1))), full[1:])
+    assert list(src.epoch(0, start=2)) == []
+    for start in (-1, -2, 3, 1.5, True, None):
+        with pytest.raises(ValueError, match=r"start must be an integer in \[0, 2\]"):
+            src.epoch(0, start=start)
+    for epoch in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
+            src.epoch(epoch)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(seed=-1), "seed"),
+    (dict(seed=None), "seed"),
+    (dict(prefetch_size=-1), "prefetch_size"),
+    (dict(prefetch_size=1.5), "prefetch_size"),
+    (dict(global_batch_size=True), "global_batch_size"),
+    (dict(global_batch_size=4.0), "global_batch_size"),
+    (dict(process_count=0), "process_count"),
+    (dict(process_index=True, process_count=2), "process_index"),
+])
+def test_bad_array_source_arguments_are_refused_at_construction(kwargs, match):
+    arrays = {"image": np.zeros((10, 1)), "label": np.arange(10)}
+    args = dict(global_batch_size=4, process_index=0, process_count=1) | kwargs
+    with pytest.raises(ValueError, match=match):
+        data.ArraySource(arrays, **args)
+    ok = data.ArraySource(arrays, np.int64(4), seed=np.uint32(3), prefetch_size=np.int8(1),
+                          process_index=np.int64(0), process_count=np.int64(1))
+    assert (ok.global_batch_size, ok.seed, ok.steps_per_epoch) == (4, 3, 2)
+
+
+def test_prefetch_checks_its_size_when_called():
+    from jaxnorm.data.prefetch import prefetch
+
+    for size in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="size must be an integer >= 0"):
+            prefetch(lambda i: i, range(3), size)
+    assert list(prefetch(lambda i: i, range(3), np.int64(2))) == [0, 1, 2]
+
+
 def test_eval_metrics_are_exact_with_a_last_partial_batch():
     """Loss and accuracy over 100 examples in batches of 32 (4 examples in the last) equal the
     one-batch numbers: the mask keeps the padding copies out."""
@@ -282,6 +400,26 @@ def test_validation_split_is_carved_from_train():
         data.pipeline.tfds_split("imagenet2012", "train_minus_validation")
 
 
+def test_slices_of_derived_splits_are_slices_of_train():
+    """validation = train[-10000:], train_minus_validation = train[:-10000]: a slice of either (TFDS's
+    rules: absolute, negative from the end, or percent of the split, rounded to the closest) is the
+    same examples as a slice of train; '+' joins parts."""
+    split = data.pipeline.tfds_split
+    assert split("fashion_mnist", "validation[:50%]") == "train[-10000:-5000]"
+    assert split("fashion_mnist", "validation[50%:]") == "train[-5000:]"
+    assert split("fashion_mnist", "validation[-100:]") == "train[-100:]"
+    assert split("fashion_mnist", "validation[10:20]") == "train[-9990:-9980]"
+    assert split("cifar10", "validation[33.3%:66.7%]") == "train[-6670:-3330]"
+    assert split("cifar10", "train_minus_validation[:50%]") == "train[:20000]"
+    assert split("fashion_mnist", "train_minus_validation[-10:]") == "train[49990:-10000]"
+    assert split("cifar10", "test + validation[:1%]") == "test+train[-10000:-9900]"
+    assert split("imagenet2012", "validation[:10%]") == "validation[:10%]"  # TFDS's own split
+    for bad in ("validation[:1shard]", "validation[5]", "validation[:20000]", "validation[-101%:]",
+                "validation[10:10]", "validation[1.5:]", "train_minus_validation[a:]"):
+        with pytest.raises(ValueError, match="split="):
+            split("cifar10", bad)
+
+
 def test_imagenet_pipeline_on_mock_data():
     with mock(12):
         ds = data.load("imagenet2012", "train", batch_size=4, train=True, seed=0)
@@ -290,6 +428,14 @@ def test_imagenet_pipeline_on_mock_data():
         second = list(ds.epoch(1))
         evaluation = list(data.load("imagenet2012", "validation", batch_size=8, train=False,
                                     drop_remainder=False))
+        tail = list(ds.epoch(0, start=np.int64(2)))
+        assert list(ds.epoch(0, start=3)) == []  # resuming at the end of the epoch
+        for start in (-1, 4, 1.5):  # refused when epoch() is called, not at the first batch
+            with pytest.raises(ValueError, match="start"):
+                ds.epoch(0, start=start)
+        with pytest.raises(ValueError, match="epoch"):
+            ds.epoch(-1)
+    assert epochs_equal(first[2:], tail)
     assert len(first) == 3
     assert first[0]["image"].shape == (4, 224, 224, 3) and first[0]["image"].dtype == np.float32
     assert first[0]["label"].dtype == np.int32
@@ -344,6 +490,11 @@ def test_real_fashion_mnist_is_prepared_offline_and_loads(fashion_dir):
     validation = data.load("fashion_mnist", "validation", batch_size=1000, train=False,
                            data_dir=fashion_dir)
     assert validation.num_examples == 10_000
+    halves = [data.load("fashion_mnist", f"validation{part}", batch_size=1000, train=False,
+                        data_dir=fashion_dir) for part in ("[:50%]", "[50%:]")]
+    assert [h.num_examples for h in halves] == [5000, 5000]
+    np.testing.assert_array_equal(np.concatenate([h.images for h in halves]), validation.images)
+    np.testing.assert_array_equal(np.concatenate([h.labels for h in halves]), validation.labels)
     assert data.prepare_fashion_mnist(fashion_dir) == fashion_dir  # idempotent
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from jaxnorm.data import augment as augment_lib
-from jaxnorm.data.base import Batch, Dataset
+from jaxnorm.data.base import Batch, Dataset, check_batch_size, check_int, check_processes
 from jaxnorm.data.prefetch import prefetch
 
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -48,11 +48,14 @@ class ArraySource(Dataset):
       shuffle: reshuffle every epoch (train) or keep the stored order (eval).
       drop_remainder: drop the last partial batch; otherwise fill it up with masked copies and add
         a float ``"mask"`` to every batch (eval).
-      seed: the shuffling (and ``transform``) seed.
+      seed: the shuffling (and ``transform``) seed, an integer >= 0.
       process_index, process_count: this process's contiguous slice of every global batch
         (default: jax's).
       transform: optional per-batch processing of the global batch (see :data:`Transform`).
       prefetch_size: batches prepared ahead on a background thread (0: on demand).
+
+    Every integer argument accepts Python and NumPy integers and refuses bools; a bad one raises
+    ``ValueError`` naming it here, at construction.
     """
 
     def __init__(
@@ -77,19 +80,10 @@ class ArraySource(Dataset):
 
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count
-        if not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index must lie in [0, process_count={process_count}), got {process_index}"
-            )
-        if (
-            not isinstance(global_batch_size, int)
-            or global_batch_size < 1
-            or global_batch_size % process_count
-        ):
-            raise ValueError(
-                f"global_batch_size must be a positive multiple of the process count ({process_count}), "
-                f"got {global_batch_size!r}"
-            )
+        process_index, process_count = check_processes(process_index, process_count)
+        global_batch_size = check_batch_size("global_batch_size", global_batch_size, process_count)
+        seed = check_int("seed", seed)
+        prefetch_size = check_int("prefetch_size", prefetch_size)
         self.arrays = {k: np.asarray(v) for k, v in arrays.items()}
         self.num_examples = next(iter(sizes.values()))
         self.process_index, self.process_count = process_index, process_count
@@ -130,6 +124,7 @@ class ArraySource(Dataset):
         return local
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        epoch, start = self.check_position(epoch, start)
         order = self.order(epoch)
         return prefetch(
             lambda step: self.batch(order, epoch, step),
@@ -141,7 +136,9 @@ class ArraySource(Dataset):
 class ArrayDataset(ArraySource):
     """A uint8 image split held in memory (MNIST, Fashion-MNIST, CIFAR), as :func:`jaxnorm.data.load`
     returns it: an :class:`ArraySource` over ``{"image", "label"}`` whose transform applies the
-    augmentation (training) or evaluation crop, then standardises with ``mean`` / ``std``."""
+    augmentation (training) or evaluation crop, then standardises with ``mean`` / ``std``.
+    ``augment="colour_crop_flip"`` needs RGB images: other channel counts raise ``ValueError`` here,
+    for evaluation too (the augmentation does not apply to such a dataset)."""
 
     def __init__(
         self,
@@ -159,6 +156,7 @@ class ArrayDataset(ArraySource):
         process_count: int,
         prefetch_size: int = 2,
     ) -> None:
+        augment_lib.check_channels(augment, np.shape(images)[-1])
         self.images, self.labels = images, labels
         self.mean = np.asarray(mean, np.float32)
         self.std = np.asarray(std, np.float32)

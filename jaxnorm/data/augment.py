@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxnorm.data.base import check_int
+
 
 def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int, padding: int) -> np.ndarray:
     """Zero-pad by ``padding`` pixels on each side, then take a random ``size x size`` crop.
@@ -15,15 +17,18 @@ def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int, padd
     Args:
       images: ``(B, H, W, C)``.
       rng: the source of the offsets.
-      size: crop height and width (at most ``min(H, W) + 2 padding``).
-      padding: zero border added first.
+      size: crop height and width, an integer in ``[1, min(H, W) + 2 padding]``.
+      padding: zero border added first, an integer >= 0.
     """
     b, h, w, _ = images.shape
-    if not 0 < size <= min(h, w) + 2 * padding:
+    padding = check_int("padding", padding)
+    try:
+        size = check_int("size", size, low=1, high=min(h, w) + 2 * padding)
+    except ValueError:
         raise ValueError(
-            f"size must lie in [1, {min(h, w) + 2 * padding}] for {h}x{w} images with "
-            f"padding={padding}, got {size}"
-        )
+            f"size must be an integer in [1, {min(h, w) + 2 * padding}] for {h}x{w} images with "
+            f"padding={padding}, got {size!r}"
+        ) from None
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     top = rng.integers(0, h + 2 * padding - size + 1, size=b)
     left = rng.integers(0, w + 2 * padding - size + 1, size=b)
@@ -43,8 +48,12 @@ def random_flip(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def center_crop(images: np.ndarray, size: int) -> np.ndarray:
     """The central ``size x size`` window (offsets rounded down, as torchvision's ``CenterCrop``)."""
     _, h, w, _ = images.shape
-    if not 0 < size <= min(h, w):
-        raise ValueError(f"size must lie in [1, {min(h, w)}] for {h}x{w} images, got {size}")
+    try:
+        size = check_int("size", size, low=1, high=min(h, w))
+    except ValueError:
+        raise ValueError(
+            f"size must be an integer in [1, {min(h, w)}] for {h}x{w} images, got {size!r}"
+        ) from None
     top, left = (h - size) // 2, (w - size) // 2
     return images[:, top : top + size, left : left + size]
 
@@ -53,9 +62,27 @@ COLOUR_JITTER = {"brightness": 32.0 / 255.0, "saturation": (0.5, 1.5), "hue": 0.
 """Ranges of :func:`random_colour`: TensorFlow's Inception ``distort_color`` (ordering 0), whose
 ``tf.image.random_*`` calls Liu et al. name without values (Supp. B.2)."""
 
+COLOUR_AUGMENTATIONS = ("colour_crop_flip",)
+"""Augmentations that jitter saturation and hue, which exist for RGB images only (TensorFlow's
+``adjust_saturation`` / ``adjust_hue`` likewise require 3 channels)."""
+
+
+def check_channels(augment: str, channels: int) -> None:
+    """``ValueError`` naming ``augment`` if it jitters colour (:data:`COLOUR_AUGMENTATIONS`) and the
+    images do not have 3 (RGB) channels: called where a dataset is made, before any batch."""
+    if augment in COLOUR_AUGMENTATIONS and channels != 3:
+        raise ValueError(
+            f"augment={augment!r} needs RGB images (3 channels): its saturation and hue jitter is "
+            f"defined on RGB only; got images with {channels} channel(s) (use 'crop_flip' or 'none')"
+        )
+
 
 def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
-    """HSV of RGB values in ``[0, 1]`` (last axis), hue in ``[0, 1)``: ``tf.image.rgb_to_hsv``'s formula."""
+    """HSV of RGB values (last axis), hue in ``[0, 1)``: ``tf.image.rgb_to_hsv``'s formula.
+
+    Values outside ``[0, 1]`` (between the steps of :func:`random_colour`) follow TF too: value is the
+    largest channel, saturation ``chroma / value`` (above 1 where a channel is negative), 0 where
+    ``value <= 0``."""
     r, g, b = np.moveaxis(rgb, -1, 0)
     value = rgb.max(axis=-1)
     chroma = value - rgb.min(axis=-1)
@@ -79,16 +106,30 @@ def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
 def random_colour(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Random brightness, saturation, hue and contrast, in that order, each example its own draw.
 
-    With ``x`` in ``[0, 1]`` (:data:`COLOUR_JITTER` gives the ranges): ``x + delta_b``; saturation
-    times ``f_s`` and hue plus ``delta_h`` in HSV; ``(x - mean) f_c + mean`` per channel (``mean``
-    over the image), clipped to ``[0, 1]`` at the end, as TensorFlow's Inception ``distort_color``
-    (ordering 0) does; rounded back to uint8.
+    With ``x`` in ``[0, 1]`` (:data:`COLOUR_JITTER` gives the ranges; draws in the order
+    ``delta_b``, ``f_s``, ``delta_h``, ``f_c``, one per example each): ``x + delta_b``; saturation
+    times ``f_s`` (clipped to ``[0, 1]``) and hue plus ``delta_h`` (mod 1) in HSV;
+    ``(x - mean) f_c + mean`` per channel (``mean`` over the image); clipped to ``[0, 1]`` only at
+    the end and rounded back to uint8. This is TensorFlow's Inception ``distort_color`` (ordering 0)
+    with ``tf.image.adjust_brightness / adjust_saturation / adjust_hue / adjust_contrast``: the
+    values between the steps are not clipped, so a brightened pixel may exceed 1 (HSV value > 1)
+    and a darkened one go below 0 (saturation ``chroma / value``, clipped to 1 like TF's; grey
+    where ``value <= 0``). One HSV round trip does saturation and hue together (TF makes two; the
+    round trip is exact for the values the saturation step leaves). The arithmetic is float64 (the
+    factors' dtype) where TF's is float32: the two differ by far less than half a uint8 level, so the
+    results agree except where a value lands on a rounding boundary (then by one level).
+
+    Args:
+      images: uint8 ``(B, H, W, 3)``: RGB only.
+      rng: the source of the four factors.
     """
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must be RGB, of shape (B, H, W, 3), got shape {images.shape}")
     b = images.shape[0]
     x = images.astype(np.float32) / 255.0
     per_example = (b, 1, 1, 1)
     x = x + rng.uniform(-COLOUR_JITTER["brightness"], COLOUR_JITTER["brightness"], b).reshape(per_example)
-    hsv = rgb_to_hsv(np.clip(x, 0.0, 1.0))
+    hsv = rgb_to_hsv(x)
     hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(*COLOUR_JITTER["saturation"], b)[:, None, None], 0.0, 1.0)
     hsv[..., 0] = (
         hsv[..., 0] + rng.uniform(-COLOUR_JITTER["hue"], COLOUR_JITTER["hue"], b)[:, None, None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from jaxnorm.data.augment import check_channels
 from jaxnorm.data.paths import DatasetNotFoundError
 
 
@@ -85,7 +86,8 @@ image (38 x 38 on CIFAR) + flip (Liu et al., Supp. B.2);
 
 def resolve_augment(name: str, augment: str | None) -> str:
     """The augmentation dataset ``name`` uses for ``augment`` (``None``: its default); ``ValueError``
-    for an unknown one or one that does not apply to this dataset."""
+    for an unknown one or one that does not apply to this dataset (``inception_crop_flip`` off
+    ImageNet, ``colour_crop_flip`` on the 1-channel (Fashion-)MNIST)."""
     augment = spec(name).default_augment if augment is None else augment
     if augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {sorted(AUGMENTATIONS)}, got {augment!r}")
@@ -94,6 +96,7 @@ def resolve_augment(name: str, augment: str | None) -> str:
             f"augment={augment!r} does not apply to {name}: ImageNet uses "
             "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop', "
             "'colour_crop_flip'")
+    check_channels(augment, spec(name).info.image_shape[-1])
     return augment
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxnorm.data import tfds_io
-from jaxnorm.data.base import Batch, Dataset
+from jaxnorm.data.base import Batch, Dataset, check_batch_size, check_int, check_processes
 
 IMAGE_SIZE = 224
 CROP_PADDING = 32  # evaluation: central crop of 224 / (224 + 32) of the shorter side
@@ -55,6 +55,11 @@ class ImageNetDataset(Dataset):
         super().__init__()
         import tensorflow_datasets as tfds
 
+        process_index, process_count = check_processes(process_index, process_count)
+        batch_size = check_batch_size("batch_size", batch_size, process_count)
+        seed = check_int("seed", seed)
+        prefetch_size = check_int("prefetch_size", prefetch_size)
+        shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, low=1)
         self.tf = tfds_io.tensorflow()
         self.builder = tfds_io.builder("imagenet2012", data_dir)
         self.split = tfds.even_splits(split, n=process_count, drop_remainder=True)[process_index]
@@ -118,6 +123,10 @@ class ImageNetDataset(Dataset):
         return ds.prefetch(self.prefetch_size or tf.data.AUTOTUNE)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        epoch, start = self.check_position(epoch, start)  # here, not at the first batch
+        return self._batches(epoch, start)
+
+    def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
         for batch in self._dataset(epoch).skip(start).as_numpy_iterator():
             if self.drop_remainder:
                 batch.pop("mask")

@@ -7,6 +7,8 @@ import concurrent.futures
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from jaxnorm.data.base import check_int
+
 T = TypeVar("T")
 
 
@@ -15,10 +17,14 @@ def prefetch(make: Callable[[int], T], indices: range, size: int = 2) -> Iterato
 
     ``make`` runs on one worker thread (NumPy releases the GIL in its copies), so batch assembly
     overlaps with the consumer's device step. Closing the generator early cancels the pending
-    work. ``size=0`` computes each batch on demand.
+    work. ``size=0`` computes each batch on demand. ``size`` (an integer >= 0) is checked when this
+    is called, not at the first ``next``.
     """
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
+    return _prefetched(make, indices, check_int("size", size))
+
+
+def _prefetched(make: Callable[[int], T], indices: range, size: int) -> Iterator[T]:
+    """The generator behind :func:`prefetch`, ``size`` already checked."""
     if size == 0:
         yield from (make(i) for i in indices)
         return
