@@ -253,6 +253,28 @@ def test_p2_huge_input_parameter_gradients(magnitude):
     np.testing.assert_allclose(np.asarray(grads["bias"]), np.sum(r, 0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kwargs", [{"p": 1}, {"p": "inf"}, {"p": "inf", "topk": 3}], ids=str)
+def test_tracer_still_sees_through_p_not_2_batch_norm(kwargs):
+    """The statistics of groups whose sums overflow, selected per group after a conditional: each select
+    keeps its operands scaled alike (a select of 1 against the scaled variance made the kernel before
+    an L1 / L∞ BN look not scale-invariant, and WRS / BWN skipped it)."""
+    from flax import linen
+
+    from jaxnorm.optim import scale_invariant_mask
+
+    class Net(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            h = jn.BatchNorm(use_running_average=False, **kwargs)(linen.Dense(6, use_bias=False)(x))
+            return linen.Dense(3)(jax.nn.relu(h))
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(16, 4)), jnp.float32)
+    variables = Net().init(jax.random.key(0), x)
+    apply = lambda v, x: Net().apply(v, x, mutable=["batch_stats"])[0]
+    mask = scale_invariant_mask(apply, variables, x)
+    assert mask["Dense_0"]["kernel"] and not mask["Dense_1"]["kernel"]
+
+
 def test_tracer_still_sees_through_batch_norm():
     """Whatever closes the gap above must leave the kernel before a BatchNorm scale-invariant for the
     ENorm tracer (an overflow test by a threshold on the statistics would not be: use ``is_finite``)."""

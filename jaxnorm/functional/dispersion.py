@@ -124,8 +124,10 @@ def _overflowed_groups_in_unit(
 
     The check is per group after the merge over channels and devices (the same on every device that
     shares the statistics); only where some group failed does a :func:`jax.lax.cond` take the second
-    computation. The failed groups' own statistics are replaced by 0 and 1 before the select, so that
-    their derivative, multiplied by the select's zero cotangent, is not ``0 * inf``.
+    computation. The failed groups' own statistics have a finite derivative (a dispersion that
+    overflowed has none, :func:`~jaxnorm.functional.units.variance_in_unit`), so the select's zero
+    cotangent gives 0 there, not ``0 * inf``; and both operands of each select scale alike with ``x``,
+    which keeps the norm scale-invariant to the tracer of :mod:`jaxnorm.enorm`.
     """
     plain = statistics_of(r, options)
     finite = lax.stop_gradient(jnp.isfinite(plain.mean) & jnp.isfinite(plain.var))
@@ -135,9 +137,9 @@ def _overflowed_groups_in_unit(
         scaled_x = r.x.astype(plain.var.dtype) * h
         scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
         return Statistics(
-            jnp.where(finite, plain.mean, 0) + jnp.where(finite, 0, scaled.mean / h),
-            jnp.where(finite, plain.var, 1) + jnp.where(finite, 0, scaled.var),
-            jnp.where(finite, plain.unit, 1) * jnp.where(finite, 1, scaled.unit * h),
+            jnp.where(finite, plain.mean, scaled.mean / h),
+            jnp.where(finite, plain.var, scaled.var),
+            jnp.where(finite, plain.unit, scaled.unit * h),
         )
 
     return lax.cond(jnp.all(finite), lambda: plain, rescaled)
