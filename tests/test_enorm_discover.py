@@ -359,3 +359,39 @@ def test_a_broadcast_of_one_unit_is_no_unit_correspondence(x64):
     spec = discover(broadcast_consumer, params, x)
     assert len(spec) == 0
     assert "two different units" in {tuple(p): r for p, _, r in spec.left_out}[("many",)]
+
+
+def test_arrays_the_function_closes_over_are_never_taken_as_zero():
+    """BN running statistics read from a closure (the NNX ``nnx.split(model, nnx.Param, ...)`` pattern)
+    are 0 at init: ``x - mean`` looked like ``x - 0`` and discover returned a junction through the BN
+    that held at init alone (after training the statistics, ENorm with it moved the eval-mode output
+    by 0.3 of 9.3, and one lr=0 ``optim.enorm`` step the train-mode output by 6). A captured array is
+    now a value that may change: that junction is left out, naming the closure."""
+    from flax import nnx
+
+    import jaxnorm
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.l0 = nnx.Linear(8, 16, rngs=rngs)
+            self.bn = nnx.BatchNorm(16, rngs=rngs)
+            self.l1 = nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l1(nnx.relu(self.bn(self.l0(x))))
+
+    x = jax.random.normal(jax.random.key(1), (32, 8))
+    model = Net(nnx.Rngs(0))
+    model.l0.kernel[...] *= 5.0  # out of balance, so a junction at l0 would move it
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    spec = jaxnorm.enorm.discover(lambda p, x: nnx.merge(graphdef, p, rest)(x), params, x)
+    assert all(path[0] != "l0" for junction in spec for path, _ in junction.producers)
+    assert "an array the function closes over" in spec.report()
+    model.train()
+    model(x * 2 + 1)  # the running statistics move
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    apply = lambda p: nnx.merge(graphdef, p, rest)(x)
+    balanced = jaxnorm.enorm_balance(params, spec, cycles=3)
+    np.testing.assert_allclose(np.asarray(apply(balanced)), np.asarray(apply(params)), atol=1e-5)

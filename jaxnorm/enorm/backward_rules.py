@@ -29,7 +29,15 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 
-from jaxnorm.enorm.jaxpr_graph import Const, Eqn, JaxprGraph, find_primitives, is_var_in, is_zero_const
+from jaxnorm.enorm.jaxpr_graph import (
+    Const,
+    Eqn,
+    JaxprGraph,
+    constant_addend_reason,
+    find_primitives,
+    is_var_in,
+    is_zero_const,
+)
 from jaxnorm.enorm.lattice import Refuted, broadcast_ids, constant_along, merge_seeds, squash
 
 __all__ = [
@@ -77,7 +85,7 @@ class TraceBack:
         g = self.g
         if isinstance(var, Const) or var in g.zero or not np.any(target >= 0):
             if isinstance(var, Const) and not is_zero_const(var) and np.any(target >= 0):
-                raise Refuted("a scaled value plus a constant")
+                raise Refuted(constant_addend_reason(var))
             return {}
         if self.depth > _MAX_DEPTH:
             raise Refuted("the graph is too deep to trace back")

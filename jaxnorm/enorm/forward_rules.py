@@ -50,6 +50,7 @@ from jaxnorm.enorm.jaxpr_graph import (
     Eqn,
     JaxprGraph,
     apply_layout,
+    constant_addend_reason,
     find_primitives,
     is_zero_const,
 )
@@ -319,7 +320,7 @@ def _unscaled_operand(fp: ForwardPass, e: Eqn, x: Any, ref: Scaled, shape: tuple
             return  # an epsilon added to a scale statistic
         raise Refuted(f"{e.prim.name} with an unscaled non-zero operand")
     if not isinstance(x, int):
-        raise Refuted("a scaled value plus a constant")
+        raise Refuted(constant_addend_reason(x))
     target = broadcast_ids(ref.ids, shape)
     axes = [i for i, n in enumerate(fp.shape(x)) if n == 1 and shape[i] > 1]
     if not constant_along(target, axes):

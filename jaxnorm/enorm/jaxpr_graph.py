@@ -70,9 +70,12 @@ def find_primitives(*names: str) -> tuple[Primitive, ...]:
 
 
 class Const(NamedTuple):
-    """A literal or closed-over constant operand."""
+    """A literal or closed-over constant operand. ``captured``: an array the traced function closed
+    over (a constvar), which may be state that changes after the trace, such as BN running statistics
+    read from a closure: never taken to be zero (:func:`is_zero_const`), whatever it holds now."""
 
     value: Any
+    captured: bool = False
 
 
 class Eqn(NamedTuple):
@@ -101,8 +104,25 @@ class JaxprGraph(NamedTuple):
 
 
 def is_zero_const(x: Any) -> bool:
-    """Whether ``x`` is a non-empty constant that is all zeros."""
-    return isinstance(x, Const) and np.size(x.value) > 0 and not np.any(np.asarray(x.value))
+    """Whether ``x`` is a non-empty literal constant that is all zeros. A captured array (a closure's
+    value at trace time, :class:`Const`) is not: a running mean of 0 at init is not 0 after training,
+    and a junction found through ``x - mean`` would hold at init alone."""
+    return (
+        isinstance(x, Const)
+        and not x.captured
+        and np.size(x.value) > 0
+        and not np.any(np.asarray(x.value))
+    )
+
+
+def constant_addend_reason(x: Const) -> str:
+    """Why a scaled value plus the constant ``x`` refutes a junction, naming a captured array as such."""
+    if x.captured:
+        return (
+            "a scaled value plus an array the function closes over (state such as BN running "
+            "statistics: pass it as an input, e.g. nnx.split(model, nnx.Param, nnx.BatchStat, ...))"
+        )
+    return "a scaled value plus a constant"
 
 
 def is_var_in(x: Any, table: Any) -> bool:
@@ -204,7 +224,7 @@ class _Flattener:
     def inline(self, jaxpr: jcore.Jaxpr, consts: list, args: list) -> list:
         env: dict[Any, Any] = {}
         for v, c in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = Const(c)
+            env[v] = Const(c, captured=True)
         for v, a in zip(jaxpr.invars, args, strict=True):
             env[v] = a
 
