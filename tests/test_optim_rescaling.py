@@ -296,6 +296,12 @@ def test_errors():
         weight_rescaling(2, mask={"w": True, "b": True}).update(params, tx.init(params), params)
     with pytest.raises(TypeError, match="Python bool"):
         weight_rescaling(2, mask={"w": jnp.ones(2, bool), "b": False}).update(params, tx.init(params), params)
+    # a string ("False" is truthy: the kernel was rescaled) or a number is not a bool either
+    for bad in ("False", 0.5, 1, np.float32(0.0), jnp.asarray(1)):
+        with pytest.raises(TypeError, match=r"mask leaf at .*w.* must be a Python bool"):
+            weight_rescaling(2, mask={"w": bad, "b": False}).init(params)
+    for good in (np.bool_(True), jnp.asarray(True), np.asarray(False)):
+        weight_rescaling(2, mask={"w": good, "b": False}).init(params)
 
 
 _SHARDED_SCRIPT = textwrap.dedent(

@@ -339,3 +339,43 @@ def test_angular_update_records_and_the_equilibrium_prediction():
     for record in records:
         lr, opt = record["lr"], CONFIG["optimizer"]
         assert record["angle_eq"] == pytest.approx(np.sqrt(2 * lr * opt["weight_decay"] / 1.9), rel=1e-12)
+
+
+class _CrashingSource(ArraySource):
+    """An ``ArraySource`` that raises when asked for global step ``crash_at`` (a crash mid-run)."""
+
+    crash_at = None
+
+    def batch(self, order, epoch, step):
+        if self.crash_at is not None and epoch * self.steps_per_epoch + step == self.crash_at:
+            raise RuntimeError("simulated crash")
+        return super().batch(order, epoch, step)
+
+
+def test_a_run_resumed_after_a_crash_keeps_every_metrics_record(tmp_path):
+    """``log_every`` 4, a checkpoint every step, a crash reading step 7: the records of steps 5 and 6
+    were still waiting for their flush when their checkpoints were written, so the resumed run (from
+    step 6) had no records of them (metrics.jsonl steps 1-4, 7, 8; its summary's train loss off).
+    Records are flushed before each checkpoint now."""
+    from jaxnorm import models
+
+    rng = np.random.default_rng(0)
+    data = {"image": rng.normal(size=(200, 6)).astype(np.float32), "label": rng.integers(0, 3, 200)}
+    data["label"] = data["label"].astype(np.int32)
+    config = {"num_steps": 8, "progress": False, "weight_norms": False, "plots": False,
+              "checkpoint_every": 1, "log_every": 4, "optimizer": {"name": "momentum", "learning_rate": 0.2}}
+
+    def run(workdir, crash_at=None):
+        source = _CrashingSource(data, 64, seed=0)
+        source.crash_at = crash_at
+        model = models.create("mlp", num_classes=3, norm="bn", depth=2, width=16)
+        return train(config, model=model, train_data=source, workdir=str(workdir))
+
+    reference = run(tmp_path / "a")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(tmp_path / "b", crash_at=6)
+    resumed = run(tmp_path / "b")
+    assert resumed.summary["resumed_from_step"] == 6
+    steps = [r["step"] for r in read_jsonl(str(tmp_path / "b" / "metrics.jsonl")) if r["split"] == "train"]
+    assert steps == list(range(1, 9))
+    assert resumed.summary["train_loss"] == pytest.approx(reference.summary["train_loss"], rel=1e-6)

@@ -118,7 +118,9 @@ def default_mask(params: PyTree) -> PyTree:
 def _as_bool(flag: Any, path: str, fn_name: str) -> bool:
     if isinstance(flag, bool | np.bool_):
         return bool(flag)
-    if isinstance(flag, jax.core.Tracer) or jnp.ndim(flag) != 0:
+    # a concrete 0-d bool array is a bool; a string ("False" is truthy), a number or a tracer is not
+    is_bool_array = isinstance(flag, np.ndarray | jax.Array) and not isinstance(flag, jax.core.Tracer)
+    if not is_bool_array or jnp.ndim(flag) != 0 or jnp.asarray(flag).dtype != jnp.bool_:
         raise TypeError(
             f"{fn_name}: mask leaf at {path} must be a Python bool (one per params leaf), got {flag!r}"
         )

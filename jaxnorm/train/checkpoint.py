@@ -40,10 +40,14 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def saves_at(self, step: int, *, force: bool = False) -> bool:
+        """Whether :meth:`maybe_save` at ``step`` (with ``force``) writes a checkpoint."""
+        due = self.every_steps > 0 and step % self.every_steps == 0
+        return (due or force) and step != self._manager.latest_step()
+
     def maybe_save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
         """Saves ``state`` as step ``step`` if due (or ``force``); returns whether it saved."""
-        due = self.every_steps > 0 and step % self.every_steps == 0
-        if not (due or force) or step == self._manager.latest_step():
+        if not self.saves_at(step, force=force):
             return False
         self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
         return True
