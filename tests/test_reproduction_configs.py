@@ -364,6 +364,20 @@ def test_enorm_cifar_configs_sweep_the_papers_cross_validation_grids(name, lrs, 
     )
 
 
+@pytest.mark.parametrize("name", ["cifar10_enorm_nv", "fmnist_enorm_nv"])
+def test_enorm_nv_variants_are_the_papers_nets(name):
+    """Stock et al. Sec. 6.2: the baseline and ENorm nets have no BN but one after the classifier; the
+    BN net has BN after every hidden conv. ``cifar10_enorm_nv``'s ENorm variants inherited the base
+    config's ``norm='bn'`` (a BN after every conv under ENorm), which the checks accepted."""
+    module = common.load_module(name)
+    for variant in ("baseline", "enorm-1", "enorm-1.2"):
+        config = _variant_config(name, variant)
+        assert config.model.norm == "none", (variant, config.model.norm)
+        assert config.model.kwargs.get("final_bn", False), variant
+    assert _variant_config(name, "bn").model.norm == "bn"
+    assert set(module.VARIANTS) >= {"baseline", "bn", "enorm-1", "enorm-1.2"}
+
+
 def test_imagenet_table4_config_encodes_the_batch_size_rules():
     """Sec. 6.3: lr 0.1 B / 256, WD 1e-5 / 10^-4.5 / 1e-4 / 1e-4 for B = 32 / 64 / 128 / 256, 90
     epochs, type-C ResNet-18, final BN for baseline and ENorm, GN 32 groups."""

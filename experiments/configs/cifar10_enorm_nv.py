@@ -37,11 +37,13 @@ VARIANTS = {
     "bn": {"model.norm": "bn"},
     **{f"gn-{g}": {"model.norm": "gn", "model.kwargs.num_groups": g} for g in GN_GROUPS},
     "enorm-1": {
+        "model.norm": "none",  # the paper's ENorm nets: no BN but the final one (Sec. 6.2)
         **_FINAL_BN,
         "optimizer.wrappers": ("enorm",),
         "optimizer.wrapper_kwargs": {"enorm": {"c": 1.0}},
     },
     "enorm-1.2": {
+        "model.norm": "none",  # the paper's ENorm nets: no BN but the final one (Sec. 6.2)
         **_FINAL_BN,
         "optimizer.wrappers": ("enorm",),
         "optimizer.wrapper_kwargs": {"enorm": {"c": 1.2}},
