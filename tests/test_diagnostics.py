@@ -11,6 +11,7 @@ import pytest
 import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.flatten_util import ravel_pytree
 
 from jaxnorm import diagnostics as dg
 
@@ -77,6 +78,54 @@ def test_angular_update_is_scale_invariant(seed, log_c1, log_c2):
         {"w": jnp.asarray(a * 10**log_c1, jnp.float32)}, {"w": jnp.asarray(b * 10**log_c2, jnp.float32)}
     )["w"]
     np.testing.assert_allclose(scaled, base, rtol=1e-5, atol=1e-6)
+
+
+def test_angular_update_of_a_zero_unit_is_zero():
+    """A unit that is zero before or after the step has no direction: 0, as documented (was pi/2)."""
+    old = {"dense": {"kernel": jnp.zeros((4, 3)).at[0, 2].set(1.0)}}
+    new = {"dense": {"kernel": 0.01 * jnp.ones((4, 3)).at[:, 1].set(0.0)}}
+    np.testing.assert_array_equal(dg.angular_update(old, new)["dense"]["kernel"][:2], [0.0, 0.0])
+    np.testing.assert_array_equal(dg.angular_update(new, old)["dense"]["kernel"][:2], [0.0, 0.0])
+    np.testing.assert_allclose(dg.angular_update(old, new)["dense"]["kernel"][2], np.pi / 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 9e37, 3e38])
+def test_angular_update_at_extreme_float32_scales(scale):
+    """Finite kernels near the float32 range limits (1 / 9e37 is subnormal and flushed to zero)."""
+    a = np.eye(2) * scale
+    b = np.array([[0.6, 1.0], [0.8, 0.0]]) * scale
+    got = dg.angular_update({"k": jnp.asarray(a, jnp.float32)}, {"k": jnp.asarray(b, jnp.float32)})["k"]
+    np.testing.assert_allclose(got, [np.arccos(0.6), np.pi / 2], rtol=1e-6)
+
+
+def test_per_unit_diagnostics_reject_mismatched_leaf_shapes():
+    """A second tree whose leaf broadcasts against the params leaf is an error naming the leaf."""
+    w = {"layer": {"k": jnp.ones((4, 5))}}
+    wrong = {"layer": {"k": jnp.ones((1, 5))}}
+    with pytest.raises(
+        ValueError, match=r"weight_gradient_inner: grads\['layer'\]\['k'\] has shape \(1, 5\)"
+    ):
+        dg.weight_gradient_inner(w, wrong)
+    with pytest.raises(ValueError, match=r"angular_update: new_params\['layer'\]\['k'\] has shape \(1, 5\)"):
+        dg.angular_update(w, wrong)
+    with pytest.raises(ValueError, match=r"per_unit: others\[0\]\['layer'\]\['k'\] has shape"):
+        dg.per_unit(lambda a, b: a[0] * b[0], w, wrong)
+    # unselected leaves are not compared
+    mask = {"layer": {"k": False}}
+    assert dg.weight_gradient_inner(w, wrong, mask=mask)["layer"]["k"] is None
+
+
+def test_effective_learning_rate_rejects_bad_arguments():
+    params = {"k": jnp.ones((2, 2))}
+    with pytest.raises(ValueError, match="learning_rate must be a finite number >= 0"):
+        dg.effective_learning_rate(params, -0.1)
+    with pytest.raises(ValueError, match="learning_rate must be a finite number >= 0"):
+        dg.effective_learning_rate(params, float("nan"))
+    with pytest.raises(ValueError, match="epsilon must be a finite number >= 0"):
+        dg.effective_learning_rate(params, 0.1, epsilon=-1.0)
+    # a traced learning rate (a schedule inside jit) is accepted
+    got = jax.jit(lambda lr: dg.effective_learning_rate(params, lr)["k"])(0.1)
+    np.testing.assert_allclose(got, [0.05, 0.05], rtol=1e-6)
 
 
 class _BNNet(nn.Module):
@@ -237,6 +286,39 @@ def test_ggd_fit_edge_cases():
         dg.fit_generalized_gaussian(jnp.ones(1))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_iters=0), "num_iters must be a positive int"),
+        (dict(num_iters=-3), "num_iters must be a positive int"),
+        (dict(num_iters=2.5), "num_iters must be a positive int"),
+        (dict(num_iters=True), "num_iters must be a positive int"),
+        (dict(beta_range=(0.05, float("inf"))), "beta_range must be finite"),
+        (dict(beta_range=(float("nan"), 2.0)), "beta_range must be finite"),
+        (dict(beta_range=(0.05,)), r"beta_range must be a pair \(low, high\)"),
+        (dict(beta_range=(0.05, 1.0, 2.0)), r"beta_range must be a pair \(low, high\)"),
+        (dict(loc=float("nan")), "loc must be None or a finite number"),
+        (dict(loc=float("inf")), "loc must be None or a finite number"),
+        (dict(loc=np.zeros(3)), "loc must be None or a finite number"),
+    ],
+)
+def test_ggd_fit_rejects_malformed_arguments(kwargs, message):
+    x = jnp.asarray(np.random.default_rng(0).laplace(size=100), jnp.float32)
+    with pytest.raises(ValueError, match=message):
+        dg.fit_generalized_gaussian(x, **kwargs)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 9e37, 3e38])
+def test_ggd_fit_at_extreme_float32_scales(scale):
+    """beta does not depend on the units of x, up to the float32 range limit."""
+    x = scipy.stats.gennorm.rvs(1.0, size=2000, random_state=np.random.default_rng(1))
+    x = (x / np.abs(x).max()).astype(np.float32)
+    base = dg.fit_generalized_gaussian(jnp.asarray(x))
+    fit = dg.fit_generalized_gaussian(jnp.asarray(x * np.float32(scale)))
+    np.testing.assert_allclose(fit.beta, base.beta, rtol=1e-4)
+    np.testing.assert_allclose(float(fit.scale) / scale, base.scale, rtol=1e-4)
+
+
 # ----------------------------------------------------------------------------- Hessian
 
 
@@ -288,6 +370,98 @@ def test_hessian_negative_spectrum_and_breakdown(x64):
         dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), method="arnoldi")
 
 
+def test_lanczos_low_rank_least_squares():
+    """Least squares with a batch of 5 and 30 params: rank-5 Hessian X^T X / 5, 20 Lanczos steps. The
+    Krylov space is exhausted after 5 steps; continuing on rounding noise gave 296 instead of 8.02."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 30))
+    y = rng.normal(size=5)
+    x32, y32 = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+
+    def loss(p, x, y):
+        return 0.5 * jnp.mean((x @ p["w"] - y) ** 2)
+
+    oracle = np.linalg.eigvalsh(x.T @ x / 5)[-1]
+    for key in range(3):
+        result = dg.hessian_top_eigenvalue(loss, {"w": jnp.zeros(30)}, x32, y32, key=jax.random.key(key))
+        np.testing.assert_allclose(result.eigenvalue, oracle, rtol=1e-4)
+        vector = np.asarray(result.eigenvector["w"], np.float64)
+        np.testing.assert_allclose(x.T @ (x @ vector) / 5, oracle * vector, atol=1e-4 * oracle)
+
+
+@pytest.mark.parametrize("num_iters", [2, 5, 20, 30])
+def test_lanczos_two_distinct_negative_eigenvalues(num_iters):
+    """A negative-definite Hessian with spectrum {-5, -3}: the top eigenvalue is -3 for any number of
+    steps (was 67.6 at 20 steps and 1140 at 30)."""
+    u = np.linalg.qr(np.random.default_rng(3).normal(size=(30, 30)))[0]
+    a = jnp.asarray(u @ np.diag([-5.0] * 15 + [-3.0] * 15) @ u.T, jnp.float32)
+    result = dg.hessian_top_eigenvalue(
+        lambda p: 0.5 * p @ a @ p, jnp.zeros(30), key=jax.random.key(0), num_iters=num_iters
+    )
+    np.testing.assert_allclose(result.eigenvalue, -3.0, rtol=1e-4)
+    jitted = jax.jit(
+        lambda p: (
+            dg.hessian_top_eigenvalue(
+                lambda q: 0.5 * q @ a @ q, p, key=jax.random.key(1), num_iters=num_iters
+            ).eigenvalue
+        )
+    )
+    np.testing.assert_allclose(jitted(jnp.zeros(30)), -3.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("key", [0, 1, 2])
+def test_lanczos_logistic_regression_small_batch(key):
+    """Softmax regression on a batch of 2 (Hessian rank <= 4 of 33 params) against the float64 Hessian
+    (was 107, 7.1 and 14.3 for keys 0..2 instead of 3.658)."""
+    rng = np.random.default_rng(0)
+    kernel, x = rng.normal(size=(10, 3)) * 0.1, rng.normal(size=(2, 10))
+    labels = jnp.asarray([0, 2])
+
+    def loss(p, x):
+        logits = x @ p["kernel"] + p["bias"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    with jax.enable_x64(True):
+        p64 = {"kernel": jnp.asarray(kernel, jnp.float64), "bias": jnp.zeros(3, jnp.float64)}
+        flat, unravel = ravel_pytree(p64)
+        hessian = np.asarray(jax.hessian(lambda f: loss(unravel(f), jnp.asarray(x)))(flat))
+    oracle = np.linalg.eigvalsh((hessian + hessian.T) / 2)[-1]
+    p32 = {"kernel": jnp.asarray(kernel, jnp.float32), "bias": jnp.zeros(3, jnp.float32)}
+    result = dg.hessian_top_eigenvalue(loss, p32, jnp.asarray(x, jnp.float32), key=jax.random.key(key))
+    np.testing.assert_allclose(result.eigenvalue, oracle, rtol=1e-4)
+
+
+@pytest.mark.parametrize("c", [1e-19, 1e20])
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_hessian_at_extreme_float32_scales(c, method):
+    """Norms of Hessian-vector products of size 1e-19 or 1e20 neither underflow nor overflow."""
+    a = jnp.asarray(np.diag([c, c / 2, c / 10]), jnp.float32)
+    num_iters = 3 if method == "lanczos" else 100
+    result = dg.hessian_top_eigenvalue(
+        lambda p: 0.5 * p @ a @ p, jnp.zeros(3), key=jax.random.key(1), num_iters=num_iters, method=method
+    )
+    np.testing.assert_allclose(float(result.eigenvalue) / c, 1.0, rtol=1e-4)
+
+
+def test_hessian_rejects_bad_arguments():
+    def loss(p):
+        return jnp.sum(p**2)
+
+    with pytest.raises(ValueError, match="key must be a single PRNG key"):
+        dg.hessian_top_eigenvalue(loss, jnp.ones(3), key=None)
+    with pytest.raises(ValueError, match="key must be a single PRNG key"):
+        dg.hessian_top_eigenvalue(loss, jnp.ones(3), key=jax.random.split(jax.random.key(0)))
+    with pytest.raises(ValueError, match="num_iters must be a positive int"):
+        dg.hessian_top_eigenvalue(loss, jnp.ones(3), key=jax.random.key(0), num_iters=True)
+    with pytest.raises(ValueError, match="num_iters must be a positive int"):
+        dg.hessian_top_eigenvalue(loss, jnp.ones(3), key=jax.random.key(0), num_iters=0)
+    with pytest.raises(ValueError, match="params must hold at least one array element"):
+        dg.hessian_top_eigenvalue(lambda p: 0.0, {}, key=jax.random.key(0))
+    # a legacy uint32 key still works
+    legacy = dg.hessian_top_eigenvalue(loss, jnp.ones(3), key=jax.random.PRNGKey(0))
+    np.testing.assert_allclose(legacy.eigenvalue, 2.0, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- predictiveness
 
 
@@ -308,6 +482,22 @@ def test_gradient_predictiveness_on_quadratic(x64):
     np.testing.assert_allclose(result.loss_variation, np.ptp(expected_losses), rtol=1e-10)
     with pytest.raises(ValueError, match="positive"):
         dg.gradient_predictiveness(loss, params, step_sizes=[0.1, -0.1])
+
+
+@pytest.mark.parametrize("bad", [[0.1, float("inf")], [float("nan")], [0.1, 0.0], [], [[0.1]], ["a"]])
+def test_gradient_predictiveness_rejects_bad_step_sizes(bad):
+    with pytest.raises(ValueError, match="gradient_predictiveness: step_sizes must be"):
+        dg.gradient_predictiveness(lambda p: jnp.sum(p**2), jnp.ones(3), step_sizes=bad)
+
+
+def test_gradient_predictiveness_with_a_tiny_gradient():
+    """||g|| = 2e-20: its square underflows float32; the scaled norm does not."""
+    result = dg.gradient_predictiveness(lambda p: 0.5 * jnp.sum(p**2), jnp.full(4, 1e-20), step_sizes=[0.1])
+    np.testing.assert_allclose(result.gradient_norm, 2e-20, rtol=1e-5)
+    np.testing.assert_allclose(result.effective_smoothness, 1.0, rtol=1e-4)
+    big = dg.gradient_predictiveness(lambda p: 0.5 * 1e20 * jnp.sum(p**2), jnp.ones(4), step_sizes=[1e-21])
+    np.testing.assert_allclose(big.gradient_norm, 2e20, rtol=1e-5)
+    np.testing.assert_allclose(big.effective_smoothness, 1e20, rtol=1e-3)
 
 
 def _equilibrium_angle_by_simulation(optimizer, eta, lam, beta, *, dim=400, seed=0):
@@ -363,3 +553,30 @@ def test_equilibrium_angle_is_the_random_walk_equilibrium(optimizer, eta, lam, b
 def test_equilibrium_angle_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         dg.equilibrium_angular_update(**kwargs)
+
+
+def test_equilibrium_angle_accepts_arrays_and_jit():
+    """NumPy / JAX arrays give an array of the broadcast shape, equal to the scalar results; jit-able."""
+    lrs = np.array([0.1, 0.2])
+    got = dg.equilibrium_angular_update(lrs, 5e-4, momentum=0.9)
+    expected = [dg.equilibrium_angular_update(float(lr), 5e-4, momentum=0.9) for lr in lrs]
+    assert got.shape == (2,)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    adamw = dg.equilibrium_angular_update(1e-3, jnp.asarray([0.1, 0.01]), momentum=0.9, optimizer="adamw")
+    expected = [
+        dg.equilibrium_angular_update(1e-3, wd, momentum=0.9, optimizer="adamw") for wd in (0.1, 0.01)
+    ]
+    np.testing.assert_allclose(adamw, expected, rtol=1e-6)
+    jitted = jax.jit(dg.equilibrium_angular_update, static_argnames="optimizer")
+    np.testing.assert_allclose(
+        jitted(0.1, 5e-4, momentum=0.9), dg.equilibrium_angular_update(0.1, 5e-4, momentum=0.9), rtol=1e-6
+    )
+    # traced values cannot be checked: out of range gives NaN
+    assert np.isnan(jitted(-0.1, 5e-4))
+    assert np.isnan(jitted(0.1, 5e-4, momentum=1.0))
+    with pytest.raises(ValueError, match="learning_rate must be finite and >= 0"):
+        dg.equilibrium_angular_update(np.array([0.1, -0.2]), 5e-4)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        dg.equilibrium_angular_update(0.1, 5e-4, momentum=jnp.asarray([0.5, 1.0]))
+    with pytest.raises(ValueError, match="weight_decay must be a real number"):
+        dg.equilibrium_angular_update(0.1, np.array([True]))

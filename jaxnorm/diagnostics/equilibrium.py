@@ -27,6 +27,11 @@ a schedule, ``eta`` is the current learning rate.
 from __future__ import annotations
 
 import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["EQUILIBRIUM_OPTIMIZERS", "equilibrium_angular_update"]
 
@@ -36,13 +41,23 @@ L2 weight decay in the gradient) and ``adamw`` (decoupled weight decay)."""
 
 
 def equilibrium_angular_update(
-    learning_rate: float, weight_decay: float, *, momentum: float = 0.0, optimizer: str = "sgd"
-) -> float:
+    learning_rate: float | jax.Array,
+    weight_decay: float | jax.Array,
+    *,
+    momentum: float | jax.Array = 0.0,
+    optimizer: str = "sgd",
+) -> float | jax.Array:
     """The expected angle (radians) a scale-invariant unit turns per step in rotational equilibrium.
 
     ``sqrt(2 eta lambda / (1 + beta))`` for SGD with momentum ``beta``; ``sqrt(2 eta lambda (1 - beta)
     / (1 + beta))`` for AdamW with ``beta = beta1`` (Kosson et al., ICML 2024, Sec. 3; the module
-    docstring says why the factor is kept). Computed in Python floats (double precision).
+    docstring says why the factor is kept).
+
+    Python (or NumPy scalar) numbers give a Python float computed in double precision. If any of
+    ``learning_rate``, ``weight_decay`` and ``momentum`` is an array (NumPy or JAX, e.g. a learning-rate
+    schedule's value or a sweep), the result is a JAX array of their broadcast shape in their floating
+    dtype (at least float32), and the function is jit-able (``optimizer`` static). Concrete values are
+    checked; traced values cannot be, and give NaN where they are out of range.
 
     Args:
       learning_rate: ``eta`` >= 0, the current learning rate.
@@ -52,10 +67,13 @@ def equilibrium_angular_update(
       optimizer: one of :data:`EQUILIBRIUM_OPTIMIZERS`.
 
     Raises:
-      ValueError: an argument out of its range, or an unknown optimizer.
+      ValueError: an argument out of its range or not a real number, or an unknown optimizer.
     """
     if optimizer not in EQUILIBRIUM_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {EQUILIBRIUM_OPTIMIZERS}, got {optimizer!r}")
+    values = {"learning_rate": learning_rate, "weight_decay": weight_decay, "momentum": momentum}
+    if any(isinstance(v, np.ndarray | jax.Array) for v in values.values()):
+        return _equilibrium_array(values, optimizer)
     eta = _non_negative(learning_rate, "learning_rate")
     lam = _non_negative(weight_decay, "weight_decay")
     beta = _non_negative(momentum, "momentum")
@@ -64,6 +82,34 @@ def equilibrium_angular_update(
     if optimizer == "adamw":
         return math.sqrt(2.0 * eta * lam * (1.0 - beta) / (1.0 + beta))
     return math.sqrt(2.0 * eta * lam / (1.0 + beta))
+
+
+def _equilibrium_array(values: dict[str, object], optimizer: str) -> jax.Array:
+    """The array form of :func:`equilibrium_angular_update`; NaN where a traced value is out of range."""
+    arrays = {}
+    for name, value in values.items():
+        if isinstance(value, bool | str) or not (
+            isinstance(value, np.ndarray | jax.Array | np.generic | numbers.Real)
+        ):
+            raise ValueError(f"{name} must be a finite number >= 0 or an array of them, got {value!r}")
+        dtype = jnp.result_type(value)
+        real = jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+        if dtype == jnp.bool_ or not real:
+            raise ValueError(f"{name} must be a real number or a real array, got dtype {dtype}")
+        if not isinstance(value, jax.core.Tracer):
+            concrete = np.asarray(value, np.float64)
+            if not np.all(np.isfinite(concrete) & (concrete >= 0)):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+            if name == "momentum" and not np.all(concrete < 1):
+                raise ValueError(f"momentum must be in [0, 1), got {value!r}")
+        arrays[name] = value
+    dtype = jnp.promote_types(jnp.result_type(*arrays.values()), jnp.float32)
+    eta, lam, beta = (jnp.asarray(arrays[name], dtype) for name in values)
+    square = 2.0 * eta * lam / (1.0 + beta)
+    if optimizer == "adamw":
+        square = square * (1.0 - beta)
+    valid = jnp.isfinite(eta) & (eta >= 0) & jnp.isfinite(lam) & (lam >= 0) & (beta >= 0) & (beta < 1)
+    return jnp.where(valid, jnp.sqrt(jnp.where(valid, square, 0.0)), jnp.nan)
 
 
 def _non_negative(value: float, name: str) -> float:

@@ -20,10 +20,12 @@ the root by bisection in ``log beta`` (jit-able, fixed iteration count), on ``y 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["GeneralizedGaussianFit", "fit_generalized_gaussian"]
 
@@ -56,23 +58,34 @@ def fit_generalized_gaussian(
 
     Args:
       x: samples, e.g. a kernel or its input-span projection; at least float32 is used.
-      loc: the location ``mu``; ``0.0`` (default) for weights, a value, or ``None`` for the sample
-        mean (the exact MLE of ``mu`` is the mean only for ``beta = 2``).
-      beta_range: the bracket searched; the result is clipped to it (uniform data -> upper end).
-      num_iters: bisection steps in ``log beta`` (60 halve the bracket to float64 resolution).
+      loc: the location ``mu``; ``0.0`` (default) for weights, a finite value, or ``None`` for the
+        sample mean (the exact MLE of ``mu`` is the mean only for ``beta = 2``).
+      beta_range: the bracket ``(low, high)`` searched, finite with ``0 < low < high``; the result
+        is clipped to it (uniform data -> upper end).
+      num_iters: bisection steps in ``log beta``, a positive int (60 halve the bracket to float64
+        resolution).
 
     Returns:
       :class:`GeneralizedGaussianFit` of scalars. All-zero ``x`` gives ``beta = beta_range[0]``,
       ``scale = 0``.
+
+    Raises:
+      ValueError: ``beta_range``, ``num_iters`` or a concrete ``loc`` malformed, or ``x`` with fewer
+        than 2 values.
 
     References:
       Liu et al., *The implicit biases of SGD on deep neural networks with batch normalization*,
       Sec. 4.2, Fig. 5; Nadarajah, *A generalized normal distribution*, J. Appl. Stat. 32 (2005);
       Varanasi & Aazhang (1989), Sec. 2.
     """
-    low, high = beta_range
-    if not 0 < low < high:
-        raise ValueError(f"fit_generalized_gaussian: beta_range must be 0 < low < high, got {beta_range}")
+    low, high = _check_beta_range(beta_range)
+    if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
+        raise ValueError(f"fit_generalized_gaussian: num_iters must be a positive int, got {num_iters!r}")
+    if loc is not None and not isinstance(loc, jax.core.Tracer):
+        loc_value = np.asarray(loc)
+        real = np.issubdtype(loc_value.dtype, np.integer) or np.issubdtype(loc_value.dtype, np.floating)
+        if loc_value.shape != () or not real or not np.isfinite(loc_value):
+            raise ValueError(f"fit_generalized_gaussian: loc must be None or a finite number, got {loc!r}")
     if jnp.size(x) < 2:
         raise ValueError(f"fit_generalized_gaussian: x needs at least 2 values, got shape {jnp.shape(x)}")
     dtype = jnp.promote_types(jnp.result_type(x), jnp.float32)
@@ -81,7 +94,12 @@ def fit_generalized_gaussian(
     deviations = jnp.abs(values - mu)
     largest = jnp.max(deviations)
     unit = largest > 0
-    y = deviations / jnp.where(unit, largest, 1.0)
+    # y = deviations / largest, with both first multiplied by 2^-e, 2^e just above ``largest`` (e
+    # clamped so that 2^-e is a normal number): the division never needs the reciprocal of a number
+    # near the float range limits (which XLA would flush to zero), so y is in [0, 1] for any finite x.
+    bound = -jnp.finfo(dtype).minexp - 1
+    shrink = jnp.ldexp(jnp.ones((), dtype), -jnp.clip(jnp.frexp(largest)[1], -bound, bound))
+    y = (deviations * shrink) / jnp.where(unit, largest * shrink, 1.0)
     positive = y > 0
     log_y = jnp.where(positive, jnp.log(jnp.where(positive, y, 1.0)), 0.0)
 
@@ -98,3 +116,19 @@ def fit_generalized_gaussian(
     _, s = _shape_equation(beta, y, log_y, positive)
     scale = jnp.where(unit, largest * (beta * s) ** (1.0 / beta), 0.0)
     return GeneralizedGaussianFit(beta=beta, scale=scale, loc=mu)
+
+
+def _check_beta_range(beta_range: object) -> tuple[float, float]:
+    """``(low, high)``: two finite real numbers with ``0 < low < high``."""
+    try:
+        low, high = beta_range
+        low, high = float(low), float(high)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"fit_generalized_gaussian: beta_range must be a pair (low, high) of numbers, got {beta_range!r}"
+        ) from None
+    if not (math.isfinite(low) and math.isfinite(high) and 0 < low < high):
+        raise ValueError(
+            f"fit_generalized_gaussian: beta_range must be finite with 0 < low < high, got {beta_range!r}"
+        )
+    return low, high

@@ -9,6 +9,7 @@ as forward-over-reverse differentiation ``jvp(grad(L), (p,), (v,))`` (Pearlmutte
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -45,28 +46,48 @@ def hessian_top_eigenvalue(
 ) -> HessianEigen:
     """Largest Hessian eigenvalue of ``L = loss_fn(params, *args, **kwargs)`` at ``params``.
 
-    * ``method="lanczos"``: ``num_iters`` Lanczos steps from a random start with full
-      re-orthogonalisation; returns the largest eigenvalue of the tridiagonal matrix ``T_m`` (the
-      largest *algebraic* eigenvalue, converging from below; exact once ``num_iters`` reaches the
-      number of distinct eigenvalues).
+    * ``method="lanczos"``: at most ``num_iters`` Lanczos steps from a random start ``q_0``:
+      ``w = H q_i``, ``alpha_i = q_i^T w``, ``w`` re-orthogonalised against all of ``q_0 .. q_i``
+      (classical Gram-Schmidt, twice), ``beta_i = ||w||``, ``q_{i+1} = w / beta_i``. Returns the
+      largest eigenvalue of the tridiagonal ``T_k`` of the ``k`` steps taken (the largest
+      *algebraic* eigenvalue, converging from below) and its Ritz vector. The recursion stops
+      (breakdown) once ``beta_i <= sqrt(n) eps max_{j <= i} ||H q_j||`` (``n`` parameters, ``eps``
+      the machine epsilon of the computation dtype): the Krylov space is then invariant up to
+      rounding and ``T_k`` holds all the eigenvalues it can see (exactly the distinct eigenvalues
+      of ``H`` present in ``q_0``, e.g. ``k <= batch size`` for a least-squares loss). Continuing
+      would orthonormalise rounding noise. Dropping a coupling that small moves the eigenvalues by
+      at most that much (Weyl), i.e. below the rounding level of the Hessian-vector products.
     * ``method="power"``: ``v <- H v / ||H v||`` ``num_iters`` times, then the Rayleigh quotient
       ``v^T H v``: the eigenvalue of largest *magnitude* (it can be negative at a saddle).
 
-    Each iteration costs one Hessian-vector product. Jit-able (``num_iters`` and ``method`` static).
+    Norms are taken on the vector divided by its largest magnitude, so Hessians with entries near
+    the float32 range limits (1e-20 or 1e20) neither underflow nor overflow. Each iteration costs one
+    Hessian-vector product (none after a Lanczos breakdown, except under ``vmap``, where both
+    branches of the skip run). Jit-able (``num_iters`` and ``method`` static).
 
     Args:
       loss_fn: scalar loss ``loss_fn(params, *args, **kwargs)``.
-      params: point at which the Hessian is taken.
+      params: point at which the Hessian is taken; a pytree with at least one array element.
       *args, **kwargs: passed on to ``loss_fn`` (e.g. a batch).
-      key: PRNG key for the start vector.
-      num_iters: Hessian-vector products.
+      key: PRNG key for the start vector (``jax.random.key`` or a legacy ``PRNGKey``).
+      num_iters: Hessian-vector products, a positive int.
       method: ``"lanczos"`` or ``"power"``.
+
+    Raises:
+      ValueError: ``method``, ``num_iters`` or ``key`` invalid, or ``params`` without elements.
     """
     if method not in ("lanczos", "power"):
         raise ValueError(f"hessian_top_eigenvalue: method must be 'lanczos' or 'power', got {method!r}")
-    if not isinstance(num_iters, int) or num_iters < 1:
+    if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
         raise ValueError(f"hessian_top_eigenvalue: num_iters must be a positive int, got {num_iters!r}")
+    _check_key(key)
     flat, unravel = ravel_pytree(params)
+    if flat.size == 0:
+        raise ValueError(
+            f"hessian_top_eigenvalue: params must hold at least one array element, got {params!r}"
+        )
+    if not jnp.issubdtype(flat.dtype, jnp.inexact):
+        raise ValueError(f"hessian_top_eigenvalue: params must be floating point, got dtype {flat.dtype}")
     dtype = jnp.promote_types(flat.dtype, jnp.float32)
 
     def matvec(v):
@@ -74,16 +95,38 @@ def hessian_top_eigenvalue(
         return ravel_pytree(product)[0].astype(dtype)
 
     start = jax.random.normal(key, flat.shape, dtype)
-    start = start / jnp.linalg.norm(start)
+    start = start / _norm(start)
     if method == "power":
         return _power(matvec, start, num_iters, unravel)
     return _lanczos(matvec, start, min(num_iters, flat.size), unravel)
 
 
+def _check_key(key: object) -> None:
+    """A typed PRNG key array (``jax.random.key``) or a legacy ``uint32[2]`` key (``PRNGKey``)."""
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
+        return
+    if dtype == jnp.uint32 and shape == (2,):
+        return
+    raise ValueError(
+        "hessian_top_eigenvalue: key must be a single PRNG key (jax.random.key(seed) or "
+        f"jax.random.PRNGKey(seed)), got {key!r}"
+    )
+
+
+def _norm(v: jax.Array) -> jax.Array:
+    """``||v||_2`` as ``2^e ||v 2^-e||_2`` with ``2^e`` just above ``max |v|`` (``e`` clamped so that
+    ``2^-e`` is a normal number): an exact scaling, so the squares neither overflow nor underflow."""
+    bound = -jnp.finfo(v.dtype).minexp - 1
+    exponent = jnp.clip(jnp.frexp(jnp.max(jnp.abs(v)))[1], -bound, bound)
+    one = jnp.ones((), v.dtype)
+    return jnp.sqrt(jnp.sum(jnp.square(v * jnp.ldexp(one, -exponent)))) * jnp.ldexp(one, exponent)
+
+
 def _power(matvec, start, num_iters, unravel) -> HessianEigen:
     def step(_, v):
         hv = matvec(v)
-        norm = jnp.linalg.norm(hv)
+        norm = _norm(hv)
         return jnp.where(norm > 0, hv / jnp.where(norm > 0, norm, 1.0), v)
 
     v = jax.lax.fori_loop(0, num_iters, step, start)
@@ -91,34 +134,56 @@ def _power(matvec, start, num_iters, unravel) -> HessianEigen:
 
 
 def _lanczos(matvec, start, m, unravel) -> HessianEigen:
+    """Lanczos with full re-orthogonalisation and a breakdown test; ``m`` steps at most.
+
+    The carry holds ``size``, the number of steps taken (the order ``k`` of ``T_k``); after a
+    breakdown the remaining iterations skip the product and leave their rows empty. ``T`` is then
+    built divided by ``s = max_j ||H q_j||``, which bounds every ``|alpha_j|`` and ``beta_j`` (so the
+    scaled entries lie in [-1, 1] and ``eigh`` sees no extreme values), with rows ``>= k`` decoupled
+    (``beta = 0``) and their diagonal set to ``min(alpha_0 .. alpha_{k-1}) / s - 1``: strictly below
+    the largest eigenvalue of ``T_k / s`` (which is at least every ``alpha_i / s``), so the top
+    eigenpair of the padded matrix is that of ``T_k``, with zero weight on the empty rows.
+    """
     n = start.shape[0]
-    basis = jnp.zeros((m, n), start.dtype).at[0].set(start)
-    alphas = jnp.zeros((m,), start.dtype)
-    betas = jnp.zeros((m,), start.dtype)  # betas[i] couples q_i and q_{i+1}
+    dtype = start.dtype
+    tolerance = math.sqrt(n) * float(jnp.finfo(dtype).eps)
+    basis = jnp.zeros((m, n), dtype).at[0].set(start)
+    alphas = jnp.zeros((m,), dtype)
+    betas = jnp.zeros((m,), dtype)  # betas[i] couples q_i and q_{i+1}
+    zero = jnp.zeros((), dtype)
 
     def step(i, carry):
-        basis, alphas, betas = carry
+        basis, alphas, betas, _, scale, _ = carry
         w = matvec(basis[i])
+        scale = jnp.maximum(scale, _norm(w))
         alpha = jnp.vdot(basis[i], w)
-        # Full re-orthogonalisation against the stored vectors (twice, for stability); rows after
-        # i are still zero and do not contribute.
+        # Rows after i are still zero and do not contribute to the projections.
         w = w - basis.T @ (basis @ w)
         w = w - basis.T @ (basis @ w)
-        beta = jnp.linalg.norm(w)
-        # beta ~ 0: the Krylov space is invariant and exact; the remaining rows stay zero.
-        go_on = (beta > 1e-10 * jnp.abs(alpha) + 1e-30) & (i + 1 < m)
-        next_q = jnp.where(go_on, w / jnp.where(beta > 0, beta, 1.0), 0.0)
+        beta = _norm(w)
+        broken = beta <= tolerance * scale
+        go_on = ~broken & (i + 1 < m)
+        next_q = jnp.where(go_on, w / jnp.where(broken, 1.0, beta), 0.0)
         basis = basis.at[jnp.minimum(i + 1, m - 1)].add(jnp.where(i + 1 < m, next_q, 0.0))
-        return basis, alphas.at[i].set(alpha), betas.at[i].set(jnp.where(go_on, beta, 0.0))
+        betas = betas.at[i].set(jnp.where(go_on, beta, 0.0))
+        return basis, alphas.at[i].set(alpha), betas, (i + 1).astype(jnp.int32), scale, broken
 
-    basis, alphas, betas = jax.lax.fori_loop(0, m, step, (basis, alphas, betas))
-    # Rows after a breakdown are zero; give them alpha_0 = q_0^T H q_0, which lies inside the
-    # spectrum of the active block, so they never become the top eigenvalue.
-    active = jnp.any(basis != 0, axis=1)
-    alphas = jnp.where(active, alphas, alphas[0])
+    def skip(i, carry):
+        return carry
+
+    def body(i, carry):
+        return jax.lax.cond(carry[-1], skip, step, i, carry)
+
+    init = (basis, alphas, betas, jnp.zeros((), jnp.int32), zero, jnp.zeros((), bool))
+    basis, alphas, betas, size, scale, _ = jax.lax.fori_loop(0, m, body, init)
+    unit = jnp.where(scale > 0, scale, 1.0)
+    alphas, betas = alphas / unit, betas / unit
+    active = jnp.arange(m) < size
+    padding = jnp.min(jnp.where(active, alphas, jnp.inf)) - 1.0
+    alphas = jnp.where(active, alphas, padding)
     tridiagonal = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
     eigenvalues, eigenvectors = jnp.linalg.eigh(tridiagonal)
     vector = basis.T @ eigenvectors[:, -1]
-    norm = jnp.linalg.norm(vector)
+    norm = _norm(vector)
     vector = jnp.where(norm > 0, vector / jnp.where(norm > 0, norm, 1.0), start)
-    return HessianEigen(eigenvalues[-1], unravel(vector))
+    return HessianEigen(eigenvalues[-1] * unit, unravel(vector))

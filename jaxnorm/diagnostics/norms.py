@@ -17,11 +17,14 @@ For a unit followed by batch norm the loss is invariant to ``w -> c w``, hence (
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm.functional.weight import unit_norm
 from jaxnorm.optim.rescaling import MaskOrFn, resolve_mask
@@ -40,21 +43,41 @@ PyTree = Any
 
 def per_unit(fn: Callable[..., jax.Array], params: PyTree, *others: PyTree, mask: MaskOrFn = None) -> PyTree:
     """``fn(p, *o)`` on every selected leaf of ``params`` (and the matching leaves of ``others``),
-    ``None`` on the other leaves. ``mask`` as in ``optax.masked``; default every leaf of rank >= 2."""
-    flags = resolve_mask(mask, params, "diagnostics")
+    ``None`` on the other leaves. ``mask`` as in ``optax.masked``; default every leaf of rank >= 2.
+
+    Every tree in ``others`` must have the params structure, and its leaves at the selected paths the
+    shape of the params leaf (no broadcasting); a ``ValueError`` names the tree and the leaf path.
+    """
+    names = [f"others[{i}]" for i in range(len(others))]
+    return _per_unit(fn, params, dict(zip(names, others, strict=True)), mask, "per_unit")
+
+
+def _per_unit(
+    fn: Callable[..., jax.Array], params: PyTree, others: dict[str, PyTree], mask: MaskOrFn, caller: str
+) -> PyTree:
+    """:func:`per_unit` with the other trees named (for the error messages) by ``caller``'s arguments."""
+    flags = resolve_mask(mask, params, caller)
     treedef = jax.tree.structure(params)
-    try:
-        flat_others = [treedef.flatten_up_to(o) for o in others]
-    except (ValueError, TypeError) as err:
-        raise ValueError(
-            f"diagnostics: every tree must have the params structure {treedef}, got "
-            f"{[jax.tree.structure(o) for o in others]}"
-        ) from err
+    flat_others = []
+    for name, other in others.items():
+        try:
+            flat_others.append(treedef.flatten_up_to(other))
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"{caller}: {name} must have the params structure {treedef}, got {jax.tree.structure(other)}"
+            ) from err
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    flat_flags, flat_params = treedef.flatten_up_to(flags), treedef.flatten_up_to(params)
+    for name, leaves in zip(others, flat_others, strict=True):
+        for path, flag, p, o in zip(paths, flat_flags, flat_params, leaves, strict=True):
+            if flag and jnp.shape(o) != jnp.shape(p):
+                raise ValueError(
+                    f"{caller}: {name}{path} has shape {jnp.shape(o)}, expected the shape of "
+                    f"params{path}, {jnp.shape(p)}"
+                )
     out = [
         fn(p, *rest) if flag else None
-        for flag, p, *rest in zip(
-            treedef.flatten_up_to(flags), treedef.flatten_up_to(params), *flat_others, strict=True
-        )
+        for flag, p, *rest in zip(flat_flags, flat_params, *flat_others, strict=True)
     ]
     return treedef.unflatten(out)
 
@@ -65,7 +88,7 @@ def _unit_sum(x: jax.Array) -> jax.Array:
 
 def unit_norms(params: PyTree, *, mask: MaskOrFn = None) -> PyTree:
     """``||w[..., j]||_2`` per output unit of every selected kernel (Liu et al., Fig. 3 trajectories)."""
-    return per_unit(unit_norm, params, mask=mask)
+    return _per_unit(unit_norm, params, {}, mask, "unit_norms")
 
 
 def effective_learning_rate(
@@ -81,38 +104,86 @@ def effective_learning_rate(
     the projected gradient of the normalized weights (Hoffer et al., *Norm matters*, Sec. 2,
     ``w_hat(t+1) = w_hat(t) - eta ||w||^-2 (I - w_hat w_hat^T) grad L(w_hat) + O(eta^2)``).
     ``epsilon`` keeps zero units finite.
+
+    Args:
+      params: the params tree.
+      learning_rate: ``eta``, finite and >= 0 (a number or a scalar array; checked unless traced).
+      mask: as in ``optax.masked``; default every leaf of rank >= 2.
+      epsilon: a finite number >= 0 added to ``||w_j||^2``.
     """
-    return per_unit(lambda w: learning_rate / (jnp.square(unit_norm(w)) + epsilon), params, mask=mask)
+    _check_learning_rate(learning_rate, "effective_learning_rate")
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, numbers.Real)
+        or not (math.isfinite(epsilon) and epsilon >= 0)
+    ):
+        raise ValueError(f"effective_learning_rate: epsilon must be a finite number >= 0, got {epsilon!r}")
+
+    def rate(w):
+        return learning_rate / (jnp.square(unit_norm(w)) + epsilon)
+
+    return _per_unit(rate, params, {}, mask, "effective_learning_rate")
+
+
+def _check_learning_rate(learning_rate: object, caller: str) -> None:
+    """A finite number >= 0, or an array of them (values checked unless traced)."""
+    if isinstance(learning_rate, jax.core.Tracer):
+        return
+    try:
+        value = np.asarray(learning_rate)
+    except Exception:
+        value = None
+    if value is None or value.dtype == np.bool_ or not np.issubdtype(value.dtype, np.number):
+        raise ValueError(f"{caller}: learning_rate must be a finite number >= 0, got {learning_rate!r}")
+    if not np.all(np.isfinite(value) & (value >= 0)):
+        raise ValueError(f"{caller}: learning_rate must be a finite number >= 0, got {learning_rate!r}")
 
 
 def angular_update(params: PyTree, new_params: PyTree, *, mask: MaskOrFn = None) -> PyTree:
     """Angle (radians) between each unit's weight vector before and after a step.
 
     ``angle(a, b) = 2 atan2(||a_hat - b_hat||, ||a_hat + b_hat||)`` with ``a_hat = a / ||a||``, which
-    is accurate for tiny and for near-pi angles (unlike ``arccos`` of the cosine); zero units give 0.
+    is accurate for tiny and for near-pi angles (unlike ``arccos`` of the cosine). A unit that is zero
+    before or after the step has no direction and gives 0. Each unit is first scaled by the power of
+    two just above its largest magnitude, so that no finite kernel overflows or underflows.
     For SGD on a scale-invariant unit the angle is about ``eta ||g|| / ||w||`` (Norm matters, Sec. 2).
+    ``new_params`` must have the params structure and, at every selected leaf, its shape.
     """
 
     def angle(a, b):
-        def direction(w):
-            norm = unit_norm(w)
-            return w / jnp.where(norm > 0, norm, 1.0)
-
-        a_hat, b_hat = direction(a), direction(b)
+        a_hat, a_nonzero = _direction(a)
+        b_hat, b_nonzero = _direction(b)
         diff = jnp.sqrt(_unit_sum(jnp.square(a_hat - b_hat)))
         total = jnp.sqrt(_unit_sum(jnp.square(a_hat + b_hat)))
-        return 2.0 * jnp.arctan2(diff, total)
+        return jnp.where(a_nonzero & b_nonzero, 2.0 * jnp.arctan2(diff, total), 0.0)
 
-    return per_unit(angle, params, new_params, mask=mask)
+    return _per_unit(angle, params, {"new_params": new_params}, mask, "angular_update")
+
+
+def _direction(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(w / ||w||, ||w|| > 0)`` per unit, in at least float32.
+
+    ``w`` is first multiplied by ``2^-e`` with ``2^e`` just above the unit's largest magnitude (``e``
+    clamped so that ``2^-e`` is a normal number): exact, and the squares cannot overflow or underflow.
+    """
+    w = w.astype(jnp.promote_types(w.dtype, jnp.float32))
+    axes = tuple(range(w.ndim - 1))
+    largest = jnp.max(jnp.abs(w), axis=axes, keepdims=True)
+    bound = -jnp.finfo(w.dtype).minexp - 1
+    exponent = jnp.clip(jnp.frexp(largest)[1], -bound, bound)
+    u = w * jnp.ldexp(jnp.ones_like(largest), -exponent)
+    norm = jnp.sqrt(jnp.sum(jnp.square(u), axis=axes, keepdims=True))
+    nonzero = norm > 0
+    return u / jnp.where(nonzero, norm, 1.0), nonzero.reshape(w.shape[-1])
 
 
 def weight_gradient_inner(params: PyTree, grads: PyTree, *, mask: MaskOrFn = None) -> PyTree:
     """``<w_j, dL/dw_j>`` per unit; zero for every unit followed by batch norm (Liu et al., Thm 3.1).
 
     Compare it with ``||w_j|| ||g_j||`` (e.g. :func:`unit_norms` of both trees) to judge how close
-    to zero it is.
+    to zero it is. ``grads`` must have the params structure and, at every selected leaf, its shape.
     """
-    return per_unit(lambda w, g: _unit_sum(w * g), params, grads, mask=mask)
+    return _per_unit(lambda w, g: _unit_sum(w * g), params, {"grads": grads}, mask, "weight_gradient_inner")
 
 
 def predicted_norm_growth(
@@ -120,4 +191,6 @@ def predicted_norm_growth(
 ) -> PyTree:
     """``eta^2 ||g_j||^2`` per unit: the growth of ``||w_j||^2`` in one SGD step of a scale-invariant
     unit, ``||w_j(t+1)||^2 = ||w_j(t)||^2 + eta^2 ||g_j(t)||^2`` (Liu et al., Cor. 3.3, Eq. 7)."""
-    return per_unit(lambda g: jnp.square(learning_rate * unit_norm(g)), grads, mask=mask)
+    return _per_unit(
+        lambda g: jnp.square(learning_rate * unit_norm(g)), grads, {}, mask, "predicted_norm_growth"
+    )

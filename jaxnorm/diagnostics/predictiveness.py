@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 __all__ = ["GradientPredictiveness", "gradient_predictiveness"]
@@ -57,25 +58,45 @@ def gradient_predictiveness(
       loss_fn: scalar loss ``loss_fn(params, *args, **kwargs)``.
       params: the current params ``p``.
       *args, **kwargs: passed on to ``loss_fn`` (the same batch for every point).
-      step_sizes: positive ``eta_i`` (the paper uses a range around the training learning rate).
+      step_sizes: finite, positive ``eta_i`` (the paper uses a range around the training learning
+        rate); checked unless traced.
 
-    A zero gradient gives zero changes and zero smoothness (no direction to move in).
+    A zero gradient gives zero changes and zero smoothness (no direction to move in). Norms are taken
+    on the vector divided by its largest magnitude, so gradients near the float range limits neither
+    overflow nor underflow.
+
+    Raises:
+      ValueError: ``step_sizes`` not a non-empty 1-D sequence of finite, positive numbers.
     """
-    etas = jnp.asarray(step_sizes)
+    if isinstance(step_sizes, jax.core.Tracer):
+        etas = step_sizes
+    else:
+        try:
+            values = np.asarray(step_sizes)
+        except Exception:
+            values = np.asarray(None)
+        if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number):
+            raise ValueError(
+                f"gradient_predictiveness: step_sizes must be a non-empty 1-D sequence of numbers, "
+                f"got {step_sizes!r}"
+            )
+        if not np.all(np.isfinite(values) & (values > 0)):
+            raise ValueError(
+                f"gradient_predictiveness: step_sizes must be finite and positive, got {step_sizes!r}"
+            )
+        etas = jnp.asarray(step_sizes)
     if etas.ndim != 1 or etas.size == 0:
         raise ValueError(f"gradient_predictiveness: step_sizes must be a 1-D sequence, got {step_sizes!r}")
-    if not isinstance(etas, jax.core.Tracer) and not bool(jnp.all(etas > 0)):
-        raise ValueError(f"gradient_predictiveness: step_sizes must be positive, got {step_sizes!r}")
 
     value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
     _, grads = value_and_grad(params)
     flat_grads, _ = ravel_pytree(grads)
-    gradient_norm = jnp.linalg.norm(flat_grads)
+    gradient_norm = _norm(flat_grads)
 
     def probe(eta):
         moved = jax.tree.map(lambda p, g: p - (eta * g).astype(p.dtype), params, grads)
         loss, new_grads = value_and_grad(moved)
-        return loss, jnp.linalg.norm(ravel_pytree(new_grads)[0] - flat_grads)
+        return loss, _norm(ravel_pytree(new_grads)[0] - flat_grads)
 
     losses, changes = jax.lax.map(probe, etas.astype(flat_grads.dtype))
     distance = etas * gradient_norm
@@ -88,3 +109,12 @@ def gradient_predictiveness(
         effective_smoothness=jnp.max(ratios),
         gradient_norm=gradient_norm,
     )
+
+
+def _norm(v: jax.Array) -> jax.Array:
+    """``||v||_2`` as ``2^e ||v 2^-e||_2`` with ``2^e`` just above ``max |v|`` (``e`` clamped so that
+    ``2^-e`` is a normal number): an exact scaling, so the squares neither overflow nor underflow."""
+    bound = -jnp.finfo(v.dtype).minexp - 1
+    exponent = jnp.clip(jnp.frexp(jnp.max(jnp.abs(v)))[1], -bound, bound)
+    one = jnp.ones((), v.dtype)
+    return jnp.sqrt(jnp.sum(jnp.square(v * jnp.ldexp(one, -exponent)))) * jnp.ldexp(one, exponent)
