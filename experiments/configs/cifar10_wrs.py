@@ -5,7 +5,8 @@ Liu et al., Sec. 6.1 and Supp. B.2, setting by setting (the config's value in br
 * networks: VGG16 with a BN after every conv [``vgg16``]; the ResNet-18 variant with a BN after
   every conv [``resnet18``, CIFAR stem: the ``resnet18 ...`` variants];
 * batch size 100 for every image-recognition run [``dataset.batch_size = 100``];
-* SGDM: lr 0.1, momentum 0.9, x 0.1 at epochs 60 / 120 / 160 of 200 [``step`` at 0.3 / 0.6 / 0.8];
+* SGDM: lr 0.1, x 0.1 at epochs 60 / 120 / 160 of 200 [``step`` at 0.3 / 0.6 / 0.8; momentum 0.9,
+  which the paper does not state];
   AdamW: lr 1e-3, the same schedule; AdamW + WRS: 100 epochs, decays at 30 / 60 / 80 [the same
   fractions of 100 epochs];
 * WD: lambda = 5e-4 on every conv kernel and every BN gamma [``weight_decay_mask =
@@ -24,7 +25,9 @@ Liu et al., Sec. 6.1 and Supp. B.2, setting by setting (the config's value in br
 * 3 trials [:data:`SEEDS`]; reported on the test set.
 
 Deviations (REPRODUCTION.md lists them too): the colour-jitter ranges (not stated; see above);
-inputs standardized per channel after the augmentation (the paper: scaled to [0, 1]); BWN's
+inputs standardized per channel after the augmentation (the paper: scaled to [0, 1]); the SGDM
+momentum 0.9 (not stated); WD also on the classifier's kernel (the paper: on "all conv kernels" and
+the BN gammas only); BWN's
 classifier is weight-normalized as well (jaxnorm's ``bwn`` model); VGG16 ends in
 global pooling + one classifier (on the 1 x 1 map of the last block this is the usual CIFAR VGG's
 flatten + linear). ``python experiments/scripts/grid.py cifar10_wrs [--only ...]``;
