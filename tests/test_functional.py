@@ -652,3 +652,12 @@ def test_functions_jit():
         np.testing.assert_allclose(
             jax.jit(lambda x, p=p: F.batch_norm(x, p=p))(x), F.batch_norm(x, p=p), rtol=1e-6
         )
+
+
+def test_weight_norm_data_init_of_a_constant_unit_is_the_unit_norm_init():
+    """Constant pre-activations (variance exactly 0) have no scale to calibrate: ``g = 1`` and
+    ``b = -mean``, not ``g = 1 / sqrt(epsilon)`` (316x per layer, multiplied through the depth)."""
+    t = jnp.concatenate([jnp.full((8, 1), 2.5), jnp.arange(8.0)[:, None]], axis=1)
+    g, b = F.weight_norm_data_init(t, epsilon=1e-5)
+    assert float(g[0]) == 1.0 and float(b[0]) == -2.5
+    np.testing.assert_allclose(float(g[1]), 1 / np.sqrt(np.var(np.arange(8.0)) + 1e-5), rtol=1e-6)

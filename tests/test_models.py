@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxnorm import models
@@ -416,9 +417,10 @@ def test_weight_norm_g_init_options():
         h = np.maximum(pre, 0.0)
 
 
-def test_mp_resnet_uses_mp_silu_after_the_residual_add_too():
-    """``norm="mp"``: MP-SiLU in place of every ReLU, the one after a block's residual add included
-    (it was ``nn.relu(y + x)``: 40 % of block outputs exactly 0, none negative)."""
+def test_mp_resnet_has_no_relu_at_the_residual_join():
+    """``norm="mp"``: no ReLU anywhere, the residual join included (it was ``nn.relu(y + x)``: 40 % of
+    block outputs exactly 0, none negative); the join is EDM2's linear ``mp_sum``, its MP-SiLU at the
+    start of the next branch."""
     x = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
     model = models.create("resnet18", num_classes=10, norm="mp", width=8)
     variables = model.init(jax.random.key(0), x, train=False)
@@ -427,5 +429,60 @@ def test_mp_resnet_uses_mp_silu_after_the_residual_add_too():
     )
     block = np.asarray(captured["intermediates"]["stage0_block0"]["__call__"][0])
     assert block.min() < -0.1 and np.mean(block == 0) < 0.01
-    assert float(block.min()) >= -0.5  # MP-SiLU's minimum, silu(-1.28) / 0.596 = -0.47
     np.testing.assert_array_equal(models.create("mlp", num_classes=np.int64(10)).num_classes, 10)
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [("resnet56", {}), ("wrn28_10", {"widen_factor": 1})])
+def test_magnitude_preserving_resnets_keep_their_scale_at_init(name, kwargs):
+    """``norm="mp"``: EDM2's blocks (mp_sum joins, the stream linear), so unit-variance input gives logits
+    of order 1 and an SGD step stays finite. With a plain ``y + x`` and MP-SiLU after each join the
+    residual stream grew x2.5 per block: ResNet-56 logits RMS 1.3e10 at init, NaN after one step."""
+    x = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
+    model = models.create(name, num_classes=10, norm="mp", **kwargs)
+    variables = model.init(jax.random.key(0), x, train=False)
+    logits = model.apply(variables, x, train=False)
+    assert float(jnp.sqrt(jnp.mean(logits**2))) < 10
+    labels = jnp.arange(8) % 10
+
+    def loss(params):
+        out = model.apply({**variables, "params": params}, x, train=True)
+        return optax.softmax_cross_entropy_with_integer_labels(out, labels).mean()
+
+    grads = jax.grad(loss)(variables["params"])
+    stepped = jax.tree.map(lambda p, g: p - 0.1 * g, variables["params"], grads)
+    assert np.isfinite(float(loss(stepped)))
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [("resnet56", {}), ("vgg16", {"width_multiplier": 0.25})])
+def test_weight_norm_data_init_on_a_constant_batch_stays_finite(name, kwargs):
+    """``g_init="data"`` on ``jnp.zeros`` (the usual init idiom): units with constant pre-activations
+    take ``g = 1`` instead of ``1 / sqrt(epsilon)`` (ResNet-56 gave NaN logits, VGG-16 1e33)."""
+    x = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
+    model = models.create(name, num_classes=10, norm="wn", g_init="data", **kwargs)
+    variables = model.init(jax.random.key(0), jnp.zeros_like(x), train=False)
+    logits = model.apply(variables, x, train=False)
+    assert bool(jnp.all(jnp.isfinite(logits))) and float(jnp.max(jnp.abs(logits))) < 1e3
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "message"),
+    [
+        ("cifar_nv", {"widths": (True, 4, 4)}, "widths must be a positive int, got True"),
+        ("cifar_nv", {"widths": (0, 4, 4)}, "widths must be a positive int, got 0"),
+        ("cifar_nv", {"widths": (4, 4)}, r"widths must be 3 positive ints, got \(4, 4\)"),
+        ("mlp", {"final_bn": "no"}, "final_bn must be a bool, got 'no'"),
+        ("cifar_nv", {"norm_every_conv": "False"}, "norm_every_conv must be a bool, got 'False'"),
+        ("vgg11", {"width_multiplier": True}, "width_multiplier must be a finite number > 0, got True"),
+        ("vgg11", {"width_multiplier": float("nan")}, "width_multiplier must be a finite number > 0"),
+        ("vgg11", {"width_multiplier": 0}, "width_multiplier must be a finite number > 0"),
+    ],
+)
+def test_model_options_of_the_wrong_type_are_refused_by_name(name, kwargs, message):
+    """A string for a bool option was read as True (``final_bn="no"`` added the layer), ``True`` for a
+    width as 1, and ``width_multiplier=nan`` / ``widths=(0, ...)`` failed deep in the build."""
+    with pytest.raises(ValueError, match=message):
+        models.create(name, num_classes=10, **kwargs)
+    good = {"widths": (4, 4, 4), "final_bn": np.bool_(True), "norm_every_conv": False,
+            "width_multiplier": 0.25}
+    option = next(iter(kwargs))
+    models.create(name, num_classes=10, **{option: good[option]})  # the right type is taken

@@ -143,6 +143,11 @@ def weight_norm_data_init(
     so that ``g * t + b``, the pre-activations with these values, has zero mean and unit variance per
     unit on that batch. A layer without a bias can only take ``g``: its pre-activations then have unit
     variance and keep their mean. The modules' ``g_init='data'`` (linen) and ``data_init`` (NNX) use it.
+
+    A unit whose pre-activations are constant on the batch (variance exactly 0: an all-zeros batch, a
+    dead unit) has no scale to calibrate and takes ``g = 1`` (a unit-norm weight vector) and
+    ``b = -mu[t]``, not ``1 / sqrt(epsilon)``, which multiplied through the depth of a network
+    initialised on ``jnp.zeros`` (ResNet-56: NaN logits; VGG-16: 1e33). Initialise on real data.
     """
     check_floating(pre_activations, "pre_activations")
     epsilon = check_epsilon(epsilon)
@@ -153,7 +158,7 @@ def weight_norm_data_init(
             "examples (linen: the batch given to init with g_init='data'; NNX: layer.data_init(x))"
         )
     mean, var = batch_moments(pre_activations, axis=-1)
-    g = jax.lax.rsqrt(var + epsilon)
+    g = jnp.where(var > 0, jax.lax.rsqrt(var + epsilon), 1).astype(var.dtype)
     return g, -mean * g
 
 

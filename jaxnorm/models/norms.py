@@ -193,6 +193,12 @@ class NormLayers:
         """ReLU, or MP-SiLU for ``mp`` (EDM2 Sec. 3.3: unit second moment for unit-normal input)."""
         return jnn.mp_silu(x) if self.norm == "mp" else nn.relu(x)
 
+    def residual(self, shortcut: Array, branch: Array) -> Array:
+        """``shortcut + branch``, or for ``mp`` EDM2's residual weighting ``mp_sum(shortcut, branch,
+        t=0.3)`` (Sec. 3.3, Eq. 6): two unit-variance signals joined at unit variance, where the plain
+        sum grows the residual stream by about sqrt(2) per block (x1e10 over ResNet-56's 27 blocks)."""
+        return jnn.mp_sum(shortcut, branch, t=0.3) if self.norm == "mp" else shortcut + branch
+
     def _apply_norm(self, x: Array, *, train: bool, name: str) -> Array:
         module = self._norm_module(x.shape[-1], x.ndim, name)
         if module is None:

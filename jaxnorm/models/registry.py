@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import numpy as np
 
 from jaxnorm.models.cifar_nv import CifarNV
 from jaxnorm.models.mlp import MLP
@@ -74,12 +76,30 @@ def model_options(name: str) -> tuple[str, ...]:
 
 
 def _check_counts(builder: Callable[..., nn.Module], model_kwargs: dict[str, Any]) -> None:
-    """The model options whose default is an int (``depth``, ``width``, ``widen_factor``) are ints:
-    ``depth`` at least 0 (an MLP of depth 0 is a linear classifier), the others at least 1."""
+    """Each model option against the type of its default, naming it: an int default (``depth``,
+    ``width``, ``widen_factor``) takes an int, ``depth`` at least 0 (an MLP of depth 0 is a linear
+    classifier), the others at least 1; a bool default (``final_bn``, ``norm_every_conv``) a bool (the
+    string ``"no"`` was read as True); ``width_multiplier`` a finite number > 0 (``True`` was read as
+    1.0); ``widths`` as many positive ints as its default."""
     for parameter in inspect.signature(builder).parameters.values():
-        default = parameter.default
-        if parameter.name in model_kwargs and isinstance(default, int) and not isinstance(default, bool):
-            check_count(model_kwargs[parameter.name], parameter.name, 0 if parameter.name == "depth" else 1)
+        name, default = parameter.name, parameter.default
+        if name not in model_kwargs:
+            continue
+        value = model_kwargs[name]
+        if isinstance(default, bool):
+            if not isinstance(value, bool | np.bool_):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+        elif isinstance(default, int):
+            check_count(value, name, 0 if name == "depth" else 1)
+        elif name == "width_multiplier":
+            real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+            if not real or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"width_multiplier must be a finite number > 0, got {value!r}")
+        elif name == "widths":
+            if not isinstance(value, tuple | list) or len(value) != len(default):
+                raise ValueError(f"widths must be {len(default)} positive ints, got {value!r}")
+            for width in value:
+                check_count(width, "widths", 1)
 
 
 def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> nn.Module:

@@ -22,8 +22,9 @@ def zero_pad_shortcut(x: jax.Array, features: int, strides: int) -> jax.Array:
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs with a shortcut: ``relu(norm(conv2(relu(norm(conv1(x))))) + shortcut(x))`` (every
-    ``relu`` MP-SiLU for ``norm="mp"``).
+    """Two 3x3 convs with a shortcut: ``relu(norm(conv2(relu(norm(conv1(x))))) + shortcut(x))``; for
+    ``norm="mp"`` EDM2's magnitude-preserving block (Karras et al. 2024, Sec. 3.3),
+    ``mp_sum(shortcut(x), conv2(mp_silu(conv1(mp_silu(x)))), t=0.3)``, with no activation after the join.
 
     Shortcuts (He et al. 2016, Sec. 4.1 "options" A/B/C): ``"A"`` identity, zero-padded
     when the shape changes (no parameters); ``"B"`` identity, a 1x1 conv + norm when the shape
@@ -47,7 +48,11 @@ class BasicBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
         layers, features, strides = self.layers, self.features, self.strides
-        y = layers.conv(x, features, 3, strides=strides, train=train, name="conv1")
+        # norm='mp': EDM2's block (Sec. 3.3), the branch starts with MP-SiLU and the stream stays linear;
+        # an activation after each join gives the stream a growing mean (x1e5 over ResNet-56)
+        magnitude_preserving = layers.norm == "mp"
+        branch_in = layers.activation(x) if magnitude_preserving else x
+        y = layers.conv(branch_in, features, 3, strides=strides, train=train, name="conv1")
         y = layers.conv(y, features, 3, train=train, name="conv2", act=False,
                         gain=self.residual_gain)
         reshaped = strides != 1 or x.shape[-1] != features
@@ -56,7 +61,8 @@ class BasicBlock(nn.Module):
                             act=False, gain=1.0)
         elif reshaped:
             x = zero_pad_shortcut(x, features, strides)
-        return layers.activation(y + x)  # ReLU, or MP-SiLU for norm='mp'
+        joined = layers.residual(x, y)
+        return joined if magnitude_preserving else layers.activation(joined)
 
 
 class ResNet(nn.Module):

@@ -45,7 +45,7 @@ class WideBlock(nn.Module):
         if self.strides != 1 or x.shape[-1] != self.features:
             x = layers.conv(o, self.features, 1, strides=self.strides, train=train,
                             name="shortcut", act=False, normalize=False, gain=1.0)
-        return y + x
+        return layers.residual(x, y)  # y + x, or mp_sum(x, y, t=0.3) for norm='mp'
 
 
 class WideResNet(nn.Module):
