@@ -328,6 +328,22 @@ def test_bad_array_source_arguments_are_refused_at_construction(kwargs, match):
     assert (ok.global_batch_size, ok.seed, ok.steps_per_epoch) == (4, 3, 2)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"shuffle": "no"}, "shuffle must be a bool, got 'no'"),
+        ({"drop_remainder": None}, "drop_remainder must be a bool, got None"),
+        ({"transform": 3}, "transform must be a callable"),
+    ],
+)
+def test_array_source_flags_and_transform_are_checked(kwargs, match):
+    """``shuffle="no"`` shuffled (a non-empty string is truthy); ``drop_remainder=None`` padded."""
+    arrays = {"image": np.zeros((10, 1)), "label": np.arange(10)}
+    with pytest.raises(TypeError, match=match):
+        data.ArraySource(arrays, 4, **kwargs)
+    assert not data.ArraySource(arrays, 4, shuffle=np.bool_(False)).shuffle
+
+
 def test_prefetch_checks_its_size_when_called():
     from jaxnorm.data.prefetch import prefetch
 

@@ -84,6 +84,12 @@ class ArraySource(Dataset):
         global_batch_size = check_batch_size("global_batch_size", global_batch_size, process_count)
         seed = check_int("seed", seed)
         prefetch_size = check_int("prefetch_size", prefetch_size)
+        for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+            if not isinstance(flag, bool | np.bool_):  # "no" would read as True
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        shuffle, drop_remainder = bool(shuffle), bool(drop_remainder)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable (batch -> batch) or None, got {transform!r}")
         self.arrays = {k: np.asarray(v) for k, v in arrays.items()}
         self.num_examples = next(iter(sizes.values()))
         self.process_index, self.process_count = process_index, process_count
