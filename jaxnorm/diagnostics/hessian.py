@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-__all__ = ["HessianEigen", "hessian_top_eigenvalue", "hvp"]
+__all__ = ["HessianEigen", "hessian_top_eigenvalue", "hvp", "scaled_l2_norm"]
 
 PyTree = Any
 
@@ -95,7 +95,7 @@ def hessian_top_eigenvalue(
         return ravel_pytree(product)[0].astype(dtype)
 
     start = jax.random.normal(key, flat.shape, dtype)
-    start = start / _norm(start)
+    start = start / scaled_l2_norm(start)
     if method == "power":
         return _power(matvec, start, num_iters, unravel)
     return _lanczos(matvec, start, min(num_iters, flat.size), unravel)
@@ -114,7 +114,7 @@ def _check_key(key: object) -> None:
     )
 
 
-def _norm(v: jax.Array) -> jax.Array:
+def scaled_l2_norm(v: jax.Array) -> jax.Array:
     """``||v||_2`` as ``2^e ||v 2^-e||_2`` with ``2^e`` just above ``max |v|`` (``e`` clamped so that
     ``2^-e`` is a normal number): an exact scaling, so the squares neither overflow nor underflow."""
     bound = -jnp.finfo(v.dtype).minexp - 1
@@ -126,7 +126,7 @@ def _norm(v: jax.Array) -> jax.Array:
 def _power(matvec, start, num_iters, unravel) -> HessianEigen:
     def step(_, v):
         hv = matvec(v)
-        norm = _norm(hv)
+        norm = scaled_l2_norm(hv)
         return jnp.where(norm > 0, hv / jnp.where(norm > 0, norm, 1.0), v)
 
     v = jax.lax.fori_loop(0, num_iters, step, start)
@@ -155,12 +155,12 @@ def _lanczos(matvec, start, m, unravel) -> HessianEigen:
     def step(i, carry):
         basis, alphas, betas, _, scale, _ = carry
         w = matvec(basis[i])
-        scale = jnp.maximum(scale, _norm(w))
+        scale = jnp.maximum(scale, scaled_l2_norm(w))
         alpha = jnp.vdot(basis[i], w)
         # Rows after i are still zero and do not contribute to the projections.
         w = w - basis.T @ (basis @ w)
         w = w - basis.T @ (basis @ w)
-        beta = _norm(w)
+        beta = scaled_l2_norm(w)
         broken = beta <= tolerance * scale
         go_on = ~broken & (i + 1 < m)
         next_q = jnp.where(go_on, w / jnp.where(broken, 1.0, beta), 0.0)
@@ -184,6 +184,6 @@ def _lanczos(matvec, start, m, unravel) -> HessianEigen:
     tridiagonal = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
     eigenvalues, eigenvectors = jnp.linalg.eigh(tridiagonal)
     vector = basis.T @ eigenvectors[:, -1]
-    norm = _norm(vector)
+    norm = scaled_l2_norm(vector)
     vector = jnp.where(norm > 0, vector / jnp.where(norm > 0, norm, 1.0), start)
     return HessianEigen(eigenvalues[-1] * unit, unravel(vector))

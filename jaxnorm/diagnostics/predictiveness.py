@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from jaxnorm.diagnostics.hessian import scaled_l2_norm
+
 __all__ = ["GradientPredictiveness", "gradient_predictiveness"]
 
 PyTree = Any
@@ -91,12 +93,12 @@ def gradient_predictiveness(
     value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
     _, grads = value_and_grad(params)
     flat_grads, _ = ravel_pytree(grads)
-    gradient_norm = _norm(flat_grads)
+    gradient_norm = scaled_l2_norm(flat_grads)
 
     def probe(eta):
         moved = jax.tree.map(lambda p, g: p - (eta * g).astype(p.dtype), params, grads)
         loss, new_grads = value_and_grad(moved)
-        return loss, _norm(ravel_pytree(new_grads)[0] - flat_grads)
+        return loss, scaled_l2_norm(ravel_pytree(new_grads)[0] - flat_grads)
 
     losses, changes = jax.lax.map(probe, etas.astype(flat_grads.dtype))
     distance = etas * gradient_norm
@@ -109,12 +111,3 @@ def gradient_predictiveness(
         effective_smoothness=jnp.max(ratios),
         gradient_norm=gradient_norm,
     )
-
-
-def _norm(v: jax.Array) -> jax.Array:
-    """``||v||_2`` as ``2^e ||v 2^-e||_2`` with ``2^e`` just above ``max |v|`` (``e`` clamped so that
-    ``2^-e`` is a normal number): an exact scaling, so the squares neither overflow nor underflow."""
-    bound = -jnp.finfo(v.dtype).minexp - 1
-    exponent = jnp.clip(jnp.frexp(jnp.max(jnp.abs(v)))[1], -bound, bound)
-    one = jnp.ones((), v.dtype)
-    return jnp.sqrt(jnp.sum(jnp.square(v * jnp.ldexp(one, -exponent)))) * jnp.ldexp(one, exponent)
