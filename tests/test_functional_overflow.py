@@ -621,3 +621,36 @@ def test_tiny_unit_is_compiled_only_where_epsilon_is_below_its_bound(p):
         for epsilon, compiled in ((1e-12, False), (0.0, True)):
             text = jax.jit(functools.partial(fn, e=epsilon)).lower(x).as_text()
             assert ("4.2949673E+9" in text) == compiled, (epsilon, text[:2000])
+
+
+_NEAR_MAX_ACROSS_DEVICES = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxnorm.functional as F
+normalize_module = sys.modules["jaxnorm.functional.normalize"]
+normalize_module.per_platform = lambda cpu, default, *a: default(*a)  # the GPU/TPU form
+rng = np.random.default_rng(0)
+x = (rng.normal(size=(16, 3)) * 2 + 0.5).astype(np.float32)
+x[:, 0] *= 3e37  # sum x overflows across the devices, not on one
+x[:, 1] *= 1e37
+x, r = jnp.asarray(x), jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+for p, kw in ((1, {}), ("inf", {}), ("inf", {"topk": 3})):
+    norm = lambda x, **a: F.batch_norm(x, p=p, **kw, **a)
+    y, g = norm(x), jax.grad(lambda x: jnp.sum(norm(x) * r))(x)
+    run = jax.pmap(lambda x, r: (norm(x, axis_name="d"),
+                                 jax.grad(lambda x: jnp.sum(norm(x, axis_name="d") * r))(x)), axis_name="d")
+    ym, gm = (a.reshape(16, 3) for a in run(x.reshape(4, 4, 3), r.reshape(4, 4, 3)))
+    assert np.all(np.isfinite(ym)) and np.all(np.isfinite(gm)), (p, kw)
+    np.testing.assert_allclose(ym, y, atol=1e-6)
+    np.testing.assert_allclose(gm, g, atol=1e-6 * float(np.abs(g).max()))
+print("ok")
+"""
+
+
+def test_p_not_2_near_the_maximum_across_devices_matches_one_device():
+    """The overflow check is on the merged statistics (the same on every device, so every device takes
+    the same branch of the conditional, whose second computation holds the collectives): 4 devices
+    whose own sums stay finite but whose merged sums overflow match one device, output and gradient."""
+    from multidevice import run_on_devices
+
+    assert run_on_devices(_NEAR_MAX_ACROSS_DEVICES, devices=4).strip().endswith("ok")
