@@ -654,3 +654,31 @@ def test_p_not_2_near_the_maximum_across_devices_matches_one_device():
     from multidevice import run_on_devices
 
     assert run_on_devices(_NEAR_MAX_ACROSS_DEVICES, devices=4).strip().endswith("ok")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["batch_norm_p=1", "batch_norm_top-3", "layer_norm_last_p=inf", "group_norm_masked_p=1"]
+)
+def test_constant_group_near_the_maximum_normalizes_to_zero(monkeypatch, name, dtype):
+    """Equal values at 0.99 x the largest float: the group is kept in the huge unit, where
+    ``epsilon * unit^2`` underflows to 0, so its variance plus epsilon was 0 and the output
+    ``0 * rsqrt(0)``, NaN (bfloat16 batch norm, float32 last-axis layer norm, masked group norm). A
+    constant group now stays in unit 1 (its variance is 0 in any unit): output 0, finite gradient."""
+    monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
+    keep = jnp.arange(8)[None, :, None] != 3
+    fns = {
+        "batch_norm_p=1": lambda x: F.batch_norm(x, p=1),
+        "batch_norm_top-3": lambda x: F.batch_norm(x, p="inf", topk=3),
+        "layer_norm_last_p=inf": lambda x: F.layer_norm(x.T, p="inf").T,
+        "group_norm_masked_p=1": lambda x: F.group_norm(x[None], 4, p=1, mask=keep)[0],
+    }
+    x = np.random.default_rng(0).normal(size=(8, 4))
+    x[:, 1] = 0.99 * float(jnp.finfo(jnp.dtype(dtype)).max)
+    x = jnp.asarray(x, dtype)
+    r = jnp.asarray(np.random.default_rng(1).normal(size=(8, 4)), jnp.float32)
+    fn = fns[name]
+    y = jax.jit(fn)(x)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(fn(x).astype(jnp.float32) * r)))(x)
+    assert np.all(np.isfinite(np.asarray(y, np.float64))) and np.all(np.isfinite(np.asarray(g, np.float64)))
+    assert np.all(np.asarray(y, np.float64)[:, 1] == 0)

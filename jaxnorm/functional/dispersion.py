@@ -120,7 +120,9 @@ def _overflowed_groups_in_unit(
     input near the dtype's maximum: ``sum x`` or ``sum |x - mu|`` beyond it, the mean or ``sigma_hat``
     not finite) taken of ``x * h`` instead, ``h`` :func:`~jaxnorm.functional.units.huge_unit`: their
     mean is that of ``x * h`` over ``h`` and their unit ``h`` times the unit of ``x * h``'s variance
-    (exact: powers of two). Every other group keeps its statistics bit for bit.
+    (exact: powers of two); a constant such group stays in unit 1 (variance 0 in any unit, and
+    ``epsilon * h^2`` underflows). Every other group keeps the same statistics (to rounding: the
+    conditional can change how XLA fuses the reductions, a few ulps on ordinary input).
 
     The check is per group after the merge over channels and devices (the same on every device that
     shares the statistics); only where some group failed does a :func:`jax.lax.cond` take the second
@@ -136,10 +138,13 @@ def _overflowed_groups_in_unit(
         h = huge_unit(plain.var.dtype)
         scaled_x = r.x.astype(plain.var.dtype) * h
         scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
+        # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in
+        # unit 1, where epsilon does not underflow (epsilon * h^2 is 0: 0 * rsqrt(0), NaN)
+        unit = jnp.where(scaled.var > 0, scaled.unit * h, 1)
         return Statistics(
             jnp.where(finite, plain.mean, scaled.mean / h),
             jnp.where(finite, plain.var, scaled.var),
-            jnp.where(finite, plain.unit, scaled.unit * h),
+            jnp.where(finite, plain.unit, unit),
         )
 
     return lax.cond(jnp.all(finite), lambda: plain, rescaled)
