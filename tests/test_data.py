@@ -331,8 +331,8 @@ def test_bad_array_source_arguments_are_refused_at_construction(kwargs, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"shuffle": "no"}, "shuffle must be a bool, got 'no'"),
-        ({"drop_remainder": None}, "drop_remainder must be a bool, got None"),
+        ({"shuffle": "no"}, "shuffle must be True or False, got 'no'"),
+        ({"drop_remainder": None}, "drop_remainder must be True or False, got None"),
         ({"transform": 3}, "transform must be a callable"),
     ],
 )

@@ -19,6 +19,7 @@ import numpy as np
 from jaxnorm.data import augment as augment_lib
 from jaxnorm.data.base import Batch, Dataset, check_batch_size, check_int, check_processes
 from jaxnorm.data.prefetch import prefetch
+from jaxnorm.functional._checks import check_bool
 
 Transform = Callable[[Batch, np.random.Generator], Batch]
 """``transform(global batch, rng) -> global batch``: per-batch processing (augmentation, scaling)."""
@@ -84,10 +85,8 @@ class ArraySource(Dataset):
         global_batch_size = check_batch_size("global_batch_size", global_batch_size, process_count)
         seed = check_int("seed", seed)
         prefetch_size = check_int("prefetch_size", prefetch_size)
-        for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
-            if not isinstance(flag, bool | np.bool_):  # "no" would read as True
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
-        shuffle, drop_remainder = bool(shuffle), bool(drop_remainder)
+        # "no" would read as True
+        shuffle, drop_remainder = check_bool(shuffle, "shuffle"), check_bool(drop_remainder, "drop_remainder")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable (batch -> batch) or None, got {transform!r}")
         self.arrays = {k: np.asarray(v) for k, v in arrays.items()}

@@ -75,7 +75,7 @@ def model_options(name: str) -> tuple[str, ...]:
     return tuple(p for p in signature.parameters if p not in skip)
 
 
-def _check_counts(builder: Callable[..., nn.Module], model_kwargs: dict[str, Any]) -> None:
+def _check_options(builder: Callable[..., nn.Module], model_kwargs: dict[str, Any]) -> None:
     """Each model option against the type of its default, naming it: an int default (``depth``,
     ``width``, ``widen_factor``) takes an int, ``depth`` at least 0 (an MLP of depth 0 is a linear
     classifier), the others at least 1; a bool default (``final_bn``, ``norm_every_conv``) a bool (the
@@ -135,5 +135,5 @@ def create(name: str, *, num_classes: int, norm: str = "bn", **kwargs: Any) -> n
             f"{sorted(options)} and normalization options {sorted(NORM_OPTIONS)}")
     layers = norm_layers(norm, **{k: v for k, v in kwargs.items() if k in NORM_OPTIONS})
     model_kwargs = {k: v for k, v in kwargs.items() if k in options}
-    _check_counts(entry.builder, model_kwargs)
+    _check_options(entry.builder, model_kwargs)
     return entry.builder(num_classes=num_classes, layers=layers, **model_kwargs)
