@@ -49,8 +49,12 @@ class Checkpointer:
         """Saves ``state`` as step ``step`` if due (or ``force``); returns whether it saved."""
         if not self.saves_at(step, force=force):
             return False
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self.save(step, state)
         return True
+
+    def save(self, step: int, state: PyTree) -> None:
+        """Saves ``state`` as step ``step`` now (the caller has checked :meth:`saves_at`)."""
+        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def restore(self, target: PyTree, step: int | None = None) -> PyTree:
         """Restores step ``step`` (default: latest) into the structure, dtypes and shardings of

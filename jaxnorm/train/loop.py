@@ -431,9 +431,10 @@ def _loop(
                 if ckpt is not None:
                     t_save = time.perf_counter()
                     stopping = stop.requested or ckpt.reached_preemption(s)
-                    if pending and ckpt.saves_at(s, force=stopping or s == steps):
-                        flush(state)  # a run resumed from this checkpoint finds every record before it
-                    ckpt.maybe_save(s, parallel.checkpoint_view(state), force=stopping or s == steps)
+                    if ckpt.saves_at(s, force=stopping or s == steps):
+                        if pending:
+                            flush(state)  # a run resumed from this checkpoint finds every record before it
+                        ckpt.save(s, parallel.checkpoint_view(state))
                     excluded_seconds += time.perf_counter() - t_save
                     if stopping:
                         preempted = s < steps
