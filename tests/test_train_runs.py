@@ -111,6 +111,19 @@ def test_a_finished_run_reports_its_recorded_results_not_zero_timings(finished, 
     assert _same(again.state, first.state)
 
 
+def test_a_finished_run_without_its_summary_recomputes_the_last_epochs_train_loss(tmp_path):
+    """A run killed after its final checkpoint but before summary.json: the recorded result's
+    train_loss is again the mean over the last epoch (5 steps), not over the last 6 of 12 steps
+    (the fallback took the run's length for the epoch's)."""
+    config = {**SHORT, "num_steps": 12, "eval_every": 6}
+    first = _train(config, tmp_path)
+    (tmp_path / "summary.json").unlink()
+    again = _train(config, tmp_path)
+    assert again.summary["recorded"] is True
+    assert again.summary["train_loss"] == pytest.approx(first.summary["train_loss"], rel=1e-12)
+    assert again.summary["train_accuracy"] == pytest.approx(first.summary["train_accuracy"], rel=1e-12)
+
+
 def test_restart_discards_the_old_run(finished, tmp_path):
     workdir, _ = finished
     fresh_dir = tmp_path / "copy"

@@ -231,7 +231,7 @@ def train(
         report(_resume_message(workdir, start, steps, plan))
     if start >= steps:
         ckpt.close()
-        return _recorded_result(workdir, parallel.to_host(state), steps, report)
+        return _recorded_result(workdir, parallel.to_host(state), steps, train_data.steps_per_epoch, report)
     transport = batch_stats_transport(
         cfg.optimizer,
         model=model,
@@ -313,14 +313,16 @@ def _init_images(source: BatchSource, images: np.ndarray, count: Any) -> np.ndar
     return np.concatenate(parts)[:count]
 
 
-def _recorded_result(workdir: str, host_state: TrainState, steps: int, report) -> RunResult:
+def _recorded_result(
+    workdir: str, host_state: TrainState, steps: int, steps_per_epoch: int, report
+) -> RunResult:
     """The result of a run that had already finished: its records and recorded summary (with the
     timings of the session that trained it), marked ``recorded``; nothing is trained."""
     history = read_jsonl(f"{workdir}/metrics.jsonl") if os.path.exists(f"{workdir}/metrics.jsonl") else []
     summary = read_json(f"{workdir}/{SUMMARY_FILE}")
     if summary is None or summary.get("steps") != float(steps) or summary.get("preempted"):
         # no final summary (killed after the last checkpoint): the numbers, without timings
-        summary = _summary(history, steps)
+        summary = _summary(history, steps_per_epoch)
     report(f"{workdir} already finished its {steps} steps: reporting the recorded results, nothing trained")
     return RunResult(host_state, history, {**summary, "recorded": True}, False)
 
