@@ -170,10 +170,12 @@ def load_config(name: str, overrides: Sequence[str]):
     if options:
         _set_model_options(config, options)
     swept = config.sweep.key if "sweep" in config else ""
-    if swept and any(o.startswith(f"--config.{swept}=") for o in overrides):
+    inside = [o for o in overrides if o.startswith((f"--config.{swept}=", f"--config.{swept}."))]
+    if swept and inside:
         raise ValueError(
-            f"config.{swept} is set by the sweep (config.sweep.key={swept!r}); override "
-            f"--config.sweep.grid=... instead, or turn the sweep off with --config.sweep.key="
+            f"{inside[0].split('=', 1)[0]}: config.{swept} is set by the sweep (config.sweep.key={swept!r}), "
+            f"which replaces it in every run; override --config.sweep.grid=... instead, or turn the sweep "
+            f"off with --config.sweep.key="
         )
     return config
 

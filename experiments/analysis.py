@@ -49,6 +49,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from experiments.scripts.records import check_no_repeated_runs, result_sets
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
 WRITEUP = os.path.join(HERE, "REPRODUCTION.md")
@@ -133,6 +135,12 @@ def sweep_runs(name: str, variant: str, point: dict[str, object]) -> list[dict]:
             f"{name}:{variant} would pool runs of different {pooled}; name the grid point "
             f"('{variant}@{pooled[0]}=...')"
         )
+    if len({tuple(sorted(result_sets(r.get("sets", ())).items())) for r in chosen}) > 1:
+        raise ValueError(
+            f"{name}:{variant}@{point} would pool runs of different --set values; keep one sweep setting "
+            "per results file, or make the setting a grid key"
+        )
+    check_no_repeated_runs(chosen, f"{name}:{variant}@{point}")
     return chosen
 
 

@@ -11,7 +11,6 @@ variants with :func:`run_one`.
 
 from __future__ import annotations
 
-import ast
 import copy
 import importlib.util
 import os
@@ -30,7 +29,9 @@ import matplotlib.pyplot as plt
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.__main__ import resolve
+from experiments.scripts.records import parse_set
 from jaxnorm.train import experiment
+from jaxnorm.train.config_checks import dotted_keys, lookup, settable_keys, suggestion
 from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 
 
@@ -45,19 +46,66 @@ def load_module(name: str):
     return module
 
 
-def apply_sets(config, items) -> None:
-    """Apply ``--set key=value`` items to ``config``; values are Python literals where they parse."""
+def apply_sets(config, items: Sequence[str]) -> None:
+    """Apply ``--set key=value`` items to ``config`` (values are Python literals where they parse); a
+    key that is no field of ``config`` or of the experiment defaults, nor a model option, raises
+    ``ValueError`` with the closest valid key (a misspelt key would otherwise train with the default)."""
     for item in items:
-        key, value = item.split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
+        key, value = parse_set(item)
+        if key == "seed":
+            raise ValueError(f"--set {item}: give seeds with --seeds, which sets each run's seed")
+        check_known_key(config, key, "--set")
         set_dotted(config, key, value)
 
 
+def check_known_key(config, key: str, option: str) -> None:
+    """``ValueError`` naming ``option`` unless ``key`` is a field of ``config`` or of the experiment
+    defaults, or ``model.kwargs.<option>`` (checked against the model when the run is validated)."""
+    if key.startswith("model.kwargs."):
+        return
+    defaults = experiment.experiment_defaults()
+    for candidate in (config, defaults):
+        try:
+            lookup(candidate, key)
+            return
+        except KeyError:
+            continue
+    known = settable_keys(config) + dotted_keys(defaults)
+    raise ValueError(f"{option} {key}: the config has no key config.{key}{suggestion(key, known)}")
+
+
+def check_set_conflicts(
+    set_items: Sequence[str], variants: Mapping[str, Mapping[str, Any]], *, has_grid: bool = True
+) -> None:
+    """``ValueError`` when a variant sets a key that a ``--set`` item sets too (the same key, or one
+    inside the other): the variant's own value would win, silently, in the run of that variant.
+    ``has_grid``: the script takes ``--grid`` (set after the variants), which the message suggests."""
+    for item in set_items:
+        key, _ = parse_set(item)
+        for name, overrides in variants.items():
+            for own, value in overrides.items():
+                if own == key or own.startswith(key + ".") or key.startswith(own + "."):
+                    instead = f"override it for every variant with --grid {key}=..., or " if has_grid else ""
+                    raise ValueError(
+                        f"--set {item}: variant {name!r} sets {own}={value!r} itself, and a variant's "
+                        f"own settings win over --set; {instead}leave the variant out with --only"
+                    )
+
+
+def select_variants(module, only: Sequence[str] | None) -> dict[str, Mapping[str, Any]]:
+    """The config's ``VARIANTS`` named in ``only`` (in that order; all of them for ``None`` or empty);
+    ``ValueError`` listing the valid names for an unknown or repeated one."""
+    names = list(only) if only else list(module.VARIANTS)
+    unknown = [n for n in names if n not in module.VARIANTS]
+    if unknown:
+        raise ValueError(f"--only: unknown variants {unknown}; the config has {list(module.VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--only names a variant more than once: {names}")
+    return {n: module.VARIANTS[n] for n in names}
+
+
 def set_dotted(config, key: str, value: Any) -> None:
-    """``config.<key> = value`` for a dotted ``key``; unknown fields raise ``ValueError``."""
+    """``config.<key> = value`` for a dotted ``key``; unknown parent fields raise ``ValueError``."""
     *parents, leaf = key.split(".")
     node = config
     for part in parents:
@@ -100,12 +148,16 @@ def train_loss_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, fl
     return curve
 
 
-def run_config(base, overrides: Mapping[str, Any], seed: int):
+def run_config(base, overrides: Mapping[str, Any], seed: int, grid: Mapping[str, Any] | None = None):
     """The run config of one (variant, seed): the experiment defaults, ``base``, the variant's
-    ``overrides``, the seed; no progress bar, no per-run plots, no sweep."""
+    ``overrides``, the ``grid`` point's values (keys checked as ``--grid``'s), the seed; no progress
+    bar, no per-run plots, no sweep."""
     config = experiment.experiment_defaults()
     config.update(copy.deepcopy(base))
     for key, value in overrides.items():
+        set_dotted(config, key, value)
+    for key, value in (grid or {}).items():
+        check_known_key(config, key, "--grid")
         set_dotted(config, key, value)
     with config.unlocked():
         config.seed = seed
@@ -124,6 +176,7 @@ def run_one(
     *,
     workdir: str | None = None,
     analysis: str = "",
+    grid: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One run with the library's loop: its summary plus ``final_l2``, the test-accuracy ``curve``,
     the per-evaluation mean training loss ``train_curve`` (:func:`train_loss_curve`), the hidden
@@ -137,7 +190,7 @@ def run_one(
     wrapper), saved as ``<records>/<name>/recorded_norms.npz``; a ``wd_mimicry`` reference that names
     a variant is read from there (run the reference variant first, with the same ``records``).
     """
-    config = run_config(base, overrides, seed)
+    config = run_config(base, overrides, seed, grid)
     with config.unlocked():
         if workdir is None:
             config.checkpoint_every = 0

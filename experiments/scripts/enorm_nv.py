@@ -154,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key, value in module.VARIANTS["enorm-1"].items():  # the ENorm nets (with the final BN)
         common.set_dotted(full, key, value)
     spec = enorm_spec(full)
-    variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
+    chosen = common.select_variants(module, args.only)
+    variants = {k: v for k, v in module.VARIANTS.items() if k in chosen}
+    common.check_set_conflicts(args.set, variants, has_grid=False)
     results: dict[str, dict[int, dict[str, list[float]]]] = {}
     for optimizer in args.optimizers:
         results[optimizer] = {}

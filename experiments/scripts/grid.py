@@ -28,7 +28,16 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts.common import apply_sets, load_module, plot, report, run_one, table
+from experiments.scripts.common import (
+    apply_sets,
+    check_set_conflicts,
+    load_module,
+    plot,
+    report,
+    run_one,
+    select_variants,
+    table,
+)
 
 
 def main(argv: Sequence[str] | None = None, module=None) -> None:
@@ -46,7 +55,11 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
     base = module.get_config()
     apply_sets(base, args.set)
     seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
-    variants = {k: v for k, v in module.VARIANTS.items() if not args.only or k in args.only}
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds repeats a seed: {seeds}")
+    chosen = select_variants(module, args.only)
+    variants = {k: v for k, v in module.VARIANTS.items() if k in chosen}  # in VARIANTS' order
+    check_set_conflicts(args.set, variants, has_grid=False)
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="grid_records_") as records:  # recorded norms per seed
         for name, overrides in variants.items():

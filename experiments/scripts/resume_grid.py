@@ -14,18 +14,31 @@ in the order given (grid keys outermost, in the order of the ``--grid`` options,
 
 ``--select FILE:KEY`` takes ``KEY``'s value per variant (and per point of the other grid keys) from
 the finished runs in ``FILE``: the value with the best mean final ``eval_accuracy`` over seeds, e.g. the
-learning rate chosen on the validation split by a first sweep, for a second sweep on the test split.
+learning rate chosen on the validation split by a first sweep, for a second sweep on the test split. A
+setting that tells selection runs apart (the optimizer of ``cifar10_enorm_nv.sh``) must be a grid key of
+both sweeps: :func:`select` refuses to pool runs that differ in it, and an incomplete selection.
 
-A JSONL line: ``{"config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git
-describe), "eval_accuracy", "best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}``
-(the loop's run summary and :func:`common.run_one`'s extras; ``"analysis"`` for a config with
-``ANALYSIS``).
+A JSONL line: ``{"key", "config", "variant", "grid": {key: value}, "sets": [...], "seed", "code" (git
+describe), "run_config" (the resolved config the run trained with), "eval_accuracy",
+"best_eval_accuracy", "train_loss", ..., "final_l2", "curve"}`` (the loop's run summary and
+:func:`common.run_one`'s extras; ``"analysis"`` for a config with ``ANALYSIS``).
+
+What is refused, before any run trains (each would record something else than was asked): a ``--set``
+or ``--grid`` key the config does not have (model options aside, which the model checks), a ``--set``
+key a selected variant sets itself (the variant's value would win: use ``--grid``, applied after the
+variants), a repeated seed or grid value, and a finished run whose recorded ``run_config`` differs
+from what the config gives now (the config was edited: record the new runs in another file). A run
+is the same run whatever the order of the ``--set`` items and their execution-only settings
+(:data:`experiments.scripts.records.EXECUTION_SETS`, e.g. ``checkpoint_every``), so a rerun with
+another checkpoint interval trains nothing. ``--dry-run`` checks every run and lists them, ``done``
+or ``todo``. Values of ``--grid`` split at top-level commas (``model.kwargs={'width': 8, 'stem':
+'cifar'}`` is one value); a key too long for a directory name gets a hashed workdir name.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import hashlib
 import itertools
 import json
 import os
@@ -35,30 +48,59 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments.scripts.common import apply_sets, load_module, run_one
+from experiments.scripts.common import (
+    apply_sets,
+    check_set_conflicts,
+    load_module,
+    run_config,
+    run_one,
+    select_variants,
+)
+from experiments.scripts.records import (
+    check_no_repeated_runs,
+    parse_value,
+    result_sets,
+    run_identity,
+    split_values,
+)
+from jaxnorm.train import experiment
+from jaxnorm.train.run_record import config_dict, config_differences
+
+MAX_WORKDIR_NAME = 240
+"""Bytes of a run's workdir name (file systems allow 255): a longer run key is cut and hashed."""
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
-    """``["key=v1,v2", ...]`` -> ``[(key, [v1, v2]), ...]`` (values as Python literals where they parse)."""
+    """``["key=v1,v2", ...]`` -> ``[(key, [v1, v2]), ...]`` (values as Python literals where they parse,
+    split at top-level commas: ``model.kwargs={'width': 8, 'stem': 'cifar'}`` is one value); a key
+    given twice or a value repeated (``0.1,1e-1``) raises ``ValueError``: it would run one run twice."""
     grid = []
     for item in items:
         key, _, values = item.partition("=")
         if not key or not values:
             raise ValueError(f"--grid expects key=v1,v2,..., got {item!r}")
-        parsed = []
-        for value in values.split(","):
-            try:
-                parsed.append(ast.literal_eval(value))
-            except (ValueError, SyntaxError):
-                parsed.append(value)
+        if key in (k for k, _ in grid):
+            raise ValueError(f"--grid {key} is given twice; list its values once: --grid {key}=v1,v2,...")
+        parsed = [parse_value(value) for value in split_values(values)]
+        if len({repr(v) for v in parsed}) != len(parsed):
+            raise ValueError(f"--grid {item}: a value is repeated ({parsed}); each value runs once")
         grid.append((key, parsed))
     return grid
 
 
 def run_key(config_name: str, variant: str, grid: dict[str, Any], sets: Sequence[str], seed: int) -> str:
-    """A stable name of one run: what identifies it in the JSONL file and names its workdir."""
+    """A stable name of one run: what names it in the JSONL file and its workdir."""
     parts = [config_name, variant, *(f"{k}={v}" for k, v in grid.items()), *sets, f"seed={seed}"]
     return "__".join(p.replace("/", "_").replace(" ", "") for p in parts)
+
+
+def workdir_name(key: str) -> str:
+    """``key`` as a directory name: itself, or cut with a hash of the whole when it is longer than
+    :data:`MAX_WORKDIR_NAME` bytes."""
+    if len(key.encode()) <= MAX_WORKDIR_NAME:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return key.encode()[: MAX_WORKDIR_NAME - 18].decode(errors="ignore") + "__" + digest
 
 
 def code_version() -> str:
@@ -75,40 +117,86 @@ def code_version() -> str:
     return out.stdout.strip()
 
 
-def done_keys(path: str) -> set[str]:
+def read_runs(path: str) -> list[dict[str, Any]]:
+    """The finished runs of the JSONL file ``path`` (none if it does not exist)."""
     if not os.path.exists(path):
-        return set()
+        return []
     with open(path) as f:
-        return {json.loads(line)["key"] for line in f if line.strip()}
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def select(path: str, key: str, variant: str, point: dict[str, Any]) -> Any:
-    """The value of ``key`` whose runs of ``variant`` at ``point`` (other grid keys) in the JSONL file
-    ``path`` have the best mean final ``eval_accuracy`` (NaN counts as 0)."""
+def done_keys(path: str) -> set[str]:
+    return {r["key"] for r in read_runs(path)}
+
+
+def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: str | None = None) -> Any:
+    """The value of ``key`` whose runs of ``variant`` (of config ``config``, when given) at ``point``
+    (other grid keys) in the JSONL file ``path`` have the best mean final ``eval_accuracy`` (NaN
+    counts as 0; a tie goes to the value first in the file).
+
+    ``ValueError`` when there are no such runs, when they differ in a setting ``point`` does not fix
+    (another grid key, a ``--set`` value such as the optimizer: the choice would pool them; make it a
+    grid key of both sweeps), when a run is recorded twice, or when the selection is incomplete (a
+    value of ``key`` another variant ran is missing for this one, or the values have different numbers
+    of seeds)."""
+    every = [
+        r
+        for r in read_runs(path)
+        if key in r["grid"] and (config is None or r.get("config", config) == config)
+    ]
+    at_point = lambda r: all(repr(r["grid"].get(k)) == repr(v) for k, v in point.items() if k != key)
+    runs = [r for r in every if r["variant"] == variant and at_point(r)]
+    if not runs:
+        raise ValueError(f"--select: no runs of {variant!r} at {point} with {key!r} in {path}")
+    check_no_repeated_runs(runs, f"--select {path}")
+    settings = (
+        ("grid", lambda r: {k: repr(v) for k, v in r["grid"].items() if k != key and k not in point}),
+        ("--set", lambda r: result_sets(r.get("sets", ()))),
+    )
+    for field, of in settings:
+        varying = sorted(k for k in {k for r in runs for k in of(r)} if len({of(r).get(k) for r in runs}) > 1)
+        if varying:
+            raise ValueError(
+                f"--select {path}: the runs of {variant!r} at {point} differ in {field} {varying}; the "
+                f"choice would pool them: make it a --grid key of both sweeps, or select from one file "
+                f"per setting"
+            )
     scores: dict[str, list[float]] = {}
     values: dict[str, Any] = {}
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            grid = r["grid"]
-            if r["variant"] != variant or key not in grid:
-                continue
-            if any(grid.get(k) != v for k, v in point.items() if k != key):
-                continue
-            acc = float(r["eval_accuracy"])
-            scores.setdefault(repr(grid[key]), []).append(acc if acc == acc else 0.0)
-            values[repr(grid[key])] = grid[key]
-    if not scores:
-        raise ValueError(f"--select: no runs of {variant!r} at {point} with {key!r} in {path}")
+    for r in runs:
+        acc = float(r["eval_accuracy"])
+        scores.setdefault(repr(r["grid"][key]), []).append(acc if acc == acc else 0.0)
+        values[repr(r["grid"][key])] = r["grid"][key]
+    ran = {repr(r["grid"][key]) for r in every}
+    missing = sorted(ran - set(scores))
+    if missing or len({len(s) for s in scores.values()}) > 1:
+        shown = {repr(r["grid"][key]): r["grid"][key] for r in every}
+        counts = {shown[v]: len(scores.get(v, ())) for v in sorted(ran)}
+        raise ValueError(
+            f"--select {path}: the selection for {variant!r} at {point} is incomplete (runs per value of "
+            f"{key}: {counts}); finish the selection sweep first"
+        )
     best = max(scores, key=lambda v: sum(scores[v]) / len(scores[v]))
     return values[best]
 
 
-def run_resumable(
-    base, overrides, grid: dict[str, Any], seed: int, workdir: str, analysis: str = ""
-) -> dict[str, Any]:
-    """One run with checkpoints in ``workdir`` (resumed if it holds one of the same config)."""
-    return run_one(base, {**overrides, **grid}, seed, workdir=workdir, analysis=analysis)
+def check_recorded(record: dict[str, Any], config) -> None:
+    """``ValueError`` when a finished run's recorded config differs from the one this sweep would run
+    (the config file was edited since): its numbers are not this run's. A run recorded before configs
+    were (no ``"run_config"``) is taken as it is."""
+    if "run_config" not in record:
+        return
+    new = config_dict(config)
+    differences = config_differences(record["run_config"], new)
+    for length in ("num_epochs", "num_steps"):
+        if record["run_config"].get(length) != new.get(length):
+            differences[length] = (record["run_config"].get(length), new.get(length))
+    if differences:
+        changes = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(differences.items()))
+        raise ValueError(
+            f"{record['key']} is recorded with another config ({changes}); the config changed since "
+            "that run: record the new runs in another --jsonl file"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -121,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grid", action="append", default=[], help="key=v1,v2,... (repeatable)")
     parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
     parser.add_argument("--select", default="", help="FILE:KEY: KEY's best value per variant from FILE")
+    parser.add_argument("--dry-run", action="store_true", help="check every run and list them; train none")
     args = parser.parse_args(argv)
 
     module = load_module(args.config)
@@ -128,50 +217,65 @@ def main(argv: Sequence[str] | None = None) -> None:
     apply_sets(base, args.set)
     config_name = os.path.splitext(os.path.basename(args.config))[0]
     seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
-    names = args.only if args.only else list(module.VARIANTS)
-    unknown = [n for n in names if n not in module.VARIANTS]
-    if unknown:
-        raise ValueError(f"--only: unknown variants {unknown}; the config has {list(module.VARIANTS)}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds repeats a seed: {seeds}")
+    variants = select_variants(module, args.only)
+    check_set_conflicts(args.set, variants)
     grid = parse_grid(args.grid)
-    done = done_keys(args.jsonl)
-    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
+    finished = read_runs(args.jsonl)
+    done = {run_identity(r): r for r in finished}
+    plan = []
     for values in itertools.product(*(v for _, v in grid)):
         point = dict(zip((k for k, _ in grid), values, strict=True))
-        for name in names:
+        for name, overrides in variants.items():
             run_point = dict(point)
             if args.select:
                 path, _, select_key = args.select.rpartition(":")
-                run_point[select_key] = select(path, select_key, name, point)
-            for seed in seeds:
-                key = run_key(config_name, name, run_point, args.set, seed)
-                if key in done:
+                try:
+                    run_point[select_key] = select(path, select_key, name, point, config=config_name)
+                except ValueError as e:
+                    if not args.dry_run:
+                        raise
+                    print(f"wait {name} at {point}: {e}")
                     continue
-                print(f"== {key}", flush=True)
-                summary = run_resumable(
-                    base,
-                    module.VARIANTS[name],
-                    run_point,
-                    seed,
-                    os.path.join(args.workdir, key),
-                    getattr(module, "ANALYSIS", ""),
-                )
+            for seed in seeds:
+                config = run_config(base, overrides, seed, run_point)
+                experiment.validate(config)  # every run's config, before the first one trains
                 record = {
-                    "key": key,
+                    "key": run_key(config_name, name, run_point, args.set, seed),
                     "config": config_name,
                     "variant": name,
                     "grid": run_point,
                     "sets": list(args.set),
                     "seed": seed,
-                    "code": code_version(),
-                    **summary,
                 }
-                with open(args.jsonl, "a") as f:
-                    f.write(json.dumps(record, default=float) + "\n")
-                print(
-                    f"   test acc {100 * summary['eval_accuracy']:.2f}%, "
-                    f"{summary.get('seconds', float('nan')):.0f} s",
-                    flush=True,
-                )
+                recorded = done.get(run_identity(record))
+                if recorded is not None:
+                    check_recorded(recorded, config)
+                plan.append((record, config, overrides, recorded is not None))
+    if args.dry_run:
+        for record, _, _, finished_run in plan:
+            print(f"{'done' if finished_run else 'todo'} {record['key']}")
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
+    for record, config, overrides, finished_run in plan:
+        if finished_run or run_identity(record) in done:
+            continue
+        print(f"== {record['key']}", flush=True)
+        summary = run_one(
+            base,
+            overrides,
+            record["seed"],
+            workdir=os.path.join(args.workdir, workdir_name(record["key"])),
+            analysis=getattr(module, "ANALYSIS", ""),
+            grid=record["grid"],
+        )
+        record = {**record, "code": code_version(), "run_config": config_dict(config), **summary}
+        with open(args.jsonl, "a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+        done[run_identity(record)] = record
+        seconds = summary.get("seconds", float("nan"))
+        print(f"   test acc {100 * summary['eval_accuracy']:.2f}%, {seconds:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""What a sweep records and reuses (``resume_grid.py``, ``grid.py``, the analysis): a run counted once, a
+setting applied or refused, a recorded result reused only for the config that made it.
+
+Each of these was a silent wrong result found by a hunt over the runner: a rerun with another checkpoint
+interval appended every run again (the analysis then counted seeds twice: p = 0.02 for 0.13), ``--select``
+pooled SGD and momentum runs, ``--set`` lost to a variant's own value, a misspelt ``--set`` key trained
+with the default, an edited config reused the old results, ``--config.optimizer.learning_rate`` was
+dropped by a sweep over ``optimizer``, ``grid.py --only bm`` ran nothing and overwrote ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fmnist import needs_fmnist
+from test_experiments_resume import TINY
+
+from experiments import __main__ as cli
+from experiments import analysis
+from experiments.scripts import grid, records, resume_grid
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    config = tmp_path / "tiny_config.py"
+    config.write_text(TINY)
+    return config
+
+
+def _args(config, tmp_path, *extra):
+    jsonl = tmp_path / "runs.jsonl"
+    return [str(config), "--jsonl", str(jsonl), "--workdir", str(tmp_path / "runs"), *extra], jsonl
+
+
+@needs_fmnist
+def test_a_rerun_with_another_checkpoint_interval_or_set_order_trains_nothing(tiny, tmp_path, capsys):
+    args, jsonl = _args(tiny, tmp_path, "--only", "bn", "--seeds", "0")
+    resume_grid.main([*args, "--set", "checkpoint_every=2", "optimizer.momentum=0.9", "log_every=2"])
+    first = _lines(jsonl)
+    assert len(first) == 1 and first[0]["run_config"]["optimizer"]["momentum"] == 0.9
+    capsys.readouterr()
+    resume_grid.main([*args, "--set", "log_every=1", "optimizer.momentum=9e-1", "checkpoint_every=4"])
+    assert "==" not in capsys.readouterr().out
+    assert _lines(jsonl) == first
+
+
+@needs_fmnist
+def test_a_recorded_run_of_an_edited_config_is_refused(tiny, tmp_path):
+    args, jsonl = _args(tiny, tmp_path, "--only", "bn", "--seeds", "0")
+    resume_grid.main(args)
+    tiny.write_text(TINY.replace("learning_rate = 0.05", "learning_rate = 0.01"))
+    changed = r"recorded with another config \(optimizer.learning_rate: 0.05 -> 0.01\)"
+    with pytest.raises(ValueError, match=changed):
+        resume_grid.main([*args[:-1], "0", "1"])  # seeds 0 and 1: seed 0's line is the old config's
+    assert len(_lines(jsonl)) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--seeds", "0", "0"], "--seeds repeats a seed"),
+        (["--grid", "optimizer.learning_rate=0.1,1e-1"], "a value is repeated"),
+        (["--grid", "optimizer.learning_rat=0.1,0.2"], "did you mean config.optimizer.learning_rate"),
+        (["--set", "num_epoch=2"], "--set num_epoch: the config has no key config.num_epoch"),
+        (["--set", "model.norm=gn"], "variant 'none' sets model.norm='none' itself"),
+        (["--set", "seed=3"], "give seeds with --seeds"),
+        (["--only", "bm"], "unknown variants \\['bm'\\]"),
+    ],
+)
+def test_settings_that_would_run_something_else_than_asked_are_refused(tiny, tmp_path, extra, message):
+    args, jsonl = _args(tiny, tmp_path, *extra)
+    with pytest.raises(ValueError, match=message):
+        resume_grid.main(args)
+    assert not jsonl.exists()  # refused before any run
+
+
+def test_grid_py_refuses_an_unknown_variant_before_writing_its_json(tiny, tmp_path):
+    out = tmp_path / "results.json"
+    out.write_text('{"bn": []}')
+    with pytest.raises(ValueError, match="unknown variants"):
+        grid.main([str(tiny), "--only", "bm", "--json", str(out), "--out", str(tmp_path)])
+    assert out.read_text() == '{"bn": []}'
+    with pytest.raises(ValueError, match=r"variant .none. sets model.norm=.none. itself.*leave the variant"):
+        grid.main([str(tiny), "--set", "model.norm=gn", "--out", str(tmp_path)])
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run(variant, seed, acc, grid=None, sets=()):
+    return {"config": "c", "variant": variant, "grid": grid or {}, "sets": list(sets), "seed": seed,
+            "eval_accuracy": acc}
+
+
+def test_select_refuses_to_pool_settings_and_incomplete_or_repeated_selections(tmp_path):
+    path = tmp_path / "select.jsonl"
+    sgd, momentum = ["optimizer.name=sgd"], ["optimizer.name=momentum"]
+    _write(path, [
+        _run("a", 0, 0.5, {"lr": 0.3}, sgd), _run("a", 0, 0.4, {"lr": 0.01}, sgd),
+        _run("a", 0, 0.1, {"lr": 0.3}, momentum), _run("a", 0, 0.6, {"lr": 0.01}, momentum),
+    ])
+    with pytest.raises(ValueError, match=r"differ in --set \['optimizer.name'\]"):
+        resume_grid.select(str(path), "lr", "a", {})
+    _write(path, [_run("a", 0, 0.5, {"lr": 0.3, "o": "sgd"}), _run("a", 0, 0.4, {"lr": 0.01, "o": "sgd"}),
+                  _run("a", 0, 0.1, {"lr": 0.3, "o": "mom"}), _run("a", 0, 0.6, {"lr": 0.01, "o": "mom"})])
+    with pytest.raises(ValueError, match=r"differ in grid \['o'\]"):
+        resume_grid.select(str(path), "lr", "a", {})
+    assert resume_grid.select(str(path), "lr", "a", {"o": "mom"}) == 0.01  # a grid key tells them apart
+    assert resume_grid.select(str(path), "lr", "a", {"o": "sgd"}) == 0.3
+    a_runs = [_run("a", 0, 0.5, {"lr": 0.3}), _run("a", 0, 0.4, {"lr": 0.01})]
+    _write(path, [*a_runs, _run("b", 0, 0.5, {"lr": 0.3})])
+    with pytest.raises(ValueError, match=r"incomplete \(runs per value of lr: \{0.01: 0, 0.3: 1\}"):
+        resume_grid.select(str(path), "lr", "b", {})
+    _write(path, [*a_runs, _run("a", 0, 0.5, {"lr": 0.3})])
+    with pytest.raises(ValueError, match="recorded more than once"):
+        resume_grid.select(str(path), "lr", "a", {})
+
+
+def test_analysis_counts_a_seed_once_and_refuses_to_pool_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(analysis, "RESULTS_DIR", str(tmp_path))
+    analysis.load_results.cache_clear()
+    try:
+        a = [_run("bn", s, acc, {}, ["num_epochs=2", f"checkpoint_every={c}"])
+             for s, acc, c in [(0, 0.6, 2), (1, 0.7, 2), (0, 0.6, 4)]]  # seed 0 appended again
+        _write(tmp_path / "dup.jsonl", a)
+        with pytest.raises(ValueError, match="recorded more than once"):
+            analysis.group("dup:bn")
+        _write(tmp_path / "mixed.jsonl", [_run("bn", 0, 0.6, {}, ["optimizer.name=sgd"]),
+                                          _run("bn", 1, 0.7, {}, ["optimizer.name=momentum"])])
+        with pytest.raises(ValueError, match="different --set values"):
+            analysis.group("mixed:bn")
+    finally:
+        analysis.load_results.cache_clear()
+
+
+def test_grid_values_split_at_top_level_commas_and_long_keys_fit_a_directory_name():
+    (key, values), = resume_grid.parse_grid(["model.kwargs={'width': 8, 'stem': 'cifar'},{'width': 16}"])
+    assert key == "model.kwargs" and values == [{"width": 8, "stem": "cifar"}, {"width": 16}]
+    assert records.split_values("(0.5,0.75),(0.3,0.6),'a,b'") == ["(0.5,0.75)", "(0.3,0.6)", "'a,b'"]
+    long = "cifar10__" + "__".join(f"optimizer.key{i}=0.001" for i in range(20))
+    names = {resume_grid.workdir_name(long + s) for s in ("a", "b")}
+    assert len(names) == 2 and all(len(n.encode()) <= 240 for n in names)
+    short = "cifar10_wrs__sgdm+wd__seed=0"
+    assert resume_grid.workdir_name(short) == short  # the keys of the committed sweeps keep their names
+
+
+def test_a_nested_override_of_the_swept_key_is_refused(capsys):
+    """cifar10_wrs sweeps config.optimizer: its grid replaced the whole optimizer in every run, and an
+    override of optimizer.learning_rate was shown by `show` but trained with 0.1."""
+    assert cli.main(["experiments", "cifar10_wrs", "--config.optimizer.learning_rate=0.05"]) == 2
+    assert "config.optimizer is set by the sweep" in capsys.readouterr().err
