@@ -14,7 +14,7 @@ import scipy.optimize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxnorm.enorm import Junction, chain, enorm_balance, multipliers, objective
+from jaxnorm.enorm import Junction, chain, discover, enorm_balance, multipliers, objective
 from tests import enorm_models as models
 
 
@@ -419,3 +419,57 @@ def test_max_scale_box(dtype):
     for bad in (1.0, 0.5, -2, "8", True):
         with pytest.raises(ValueError, match="max_scale"):
             enorm_balance(params, max_scale=bad)
+
+
+def _pnorm64(a, axis, p):
+    """The p-norm along ``axis`` in float64, overflow-free: ``m (sum (|w| / m)^p)^(1/p)``, m = max |w|."""
+    a = np.abs(np.asarray(a, np.float64))
+    m = a.max(axis=axis, keepdims=True)
+    return (m * np.sum((a / m) ** p, axis=axis, keepdims=True) ** (1 / p)).squeeze(axis)
+
+
+@pytest.mark.parametrize("p", [100, 200, 1000])
+def test_large_p_balances_every_unit(p):
+    """Each unit was divided by the power of two below its largest entry, which left entries up to 2:
+    from p ~ 128 on their p-th powers overflowed float32 and the unit silently kept d = 1 (p = 1000:
+    every unit)."""
+    rng = np.random.default_rng(0)
+    w0, w1 = rng.normal(size=(4, 5)), rng.normal(size=(5, 3)) * 10
+    params = {"Dense_0": {"kernel": jnp.asarray(w0, jnp.float32)}, "Dense_1": {"kernel": jnp.asarray(w1)}}
+    _, (d,) = enorm_balance(params, p=p, return_scales=True)
+    np.testing.assert_allclose(d, np.sqrt(_pnorm64(w1, 1, p) / _pnorm64(w0, 0, p)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("power_of_two", [True, False])
+def test_a_scale_that_would_overflow_a_weight_stops_at_the_dtypes_maximum(dtype, power_of_two):
+    """A unit whose minimiser d = sqrt(8) (rounded: 4) would push its incoming weight, half the dtype's
+    maximum, to inf: the function became inf with no error. The scale stops where the weight stays
+    finite (d = 2 here), the function is kept, and the objective does not increase."""
+    big = float(jnp.finfo(dtype).max) / 2
+    params = {
+        "Dense_0": {"kernel": jnp.full((1, 1), big, dtype), "bias": jnp.zeros((1,), dtype)},
+        "Dense_1": {"kernel": jnp.full((1, 64), big, dtype), "bias": jnp.zeros((64,), dtype)},
+    }
+    out, (d,) = enorm_balance(params, return_scales=True, power_of_two=power_of_two)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(out))
+    assert float(d[0]) <= 2.0 and float(d[0]) > 1.0
+    x = jnp.full((1, 1), 1e-30, jnp.float32)
+    wide = lambda q, name: q[name]["kernel"].astype(jnp.float32)
+    f = lambda q: jnp.maximum(x @ wide(q, "Dense_0"), 0) @ wide(q, "Dense_1")
+    np.testing.assert_allclose(f(out), f(params), rtol=1e-2 if not power_of_two else 0)
+    big_down = {k: {n: v / 2**12 for n, v in layer.items()} for k, layer in params.items()}  # far from the max
+    _, (free,) = enorm_balance(big_down, return_scales=True, power_of_two=power_of_two)
+    assert float(free[0]) == pytest.approx(4.0 if power_of_two else math.sqrt(8), rel=1e-5)
+
+
+def test_objective_takes_c_one_as_any_scalar():
+    """``c=np.float32(1)`` or ``jnp.asarray(1.0)`` raised "c != 1 has an objective only for graphs whose
+    paths have equal length" on a residual net, where ``c=1.0`` works."""
+    model = models.ResNetId(stages=(4,), blocks=1)
+    x = jnp.ones((2, 6, 6, 3))
+    variables = model.init(jax.random.key(0), x)
+    spec = discover(model.apply, variables, x)
+    expected = float(objective(variables, spec, c=1.0))
+    for c in (np.float32(1.0), jnp.asarray(1.0), np.int64(1)):
+        assert float(objective(variables, spec, c=c)) == expected

@@ -223,12 +223,12 @@ def compute_dtype(leaf: jax.Array) -> Any:
 
 
 def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float,
-                scale: jax.Array | None = None) -> jax.Array:
-    """Per unit: ``sum |w / scale|^p`` over the slice (``max |w|`` for p = inf); ``scale`` a
-    per-unit ``(units,)`` divisor (None: 1)."""
+                factors: Sequence[jax.Array] = ()) -> jax.Array:
+    """Per unit: ``sum |w * f_1 * f_2 ...|^p`` over the slice (``max |w|`` for p = inf) with the
+    per-unit ``(units,)`` multipliers ``factors``, applied one after the other."""
     a = jnp.abs(leaf.astype(compute_dtype(leaf)))
-    if scale is not None:
-        a = a / _factor(scale.astype(a.dtype), s, leaf.ndim)
+    for f in factors:
+        a = a * _factor(f.astype(a.dtype), s, leaf.ndim)
     if p == 2:
         a = jnp.square(a)
     elif p != 1 and p != math.inf:
@@ -242,26 +242,52 @@ def _unit_power(leaf: jax.Array, s: Slice, units: int, p: float,
     return jnp.maximum(out, 0.0)  # segment_max of an empty segment is -inf
 
 
-def _power_of_two_below(x: jax.Array) -> jax.Array:
-    """``2^floor(log2 x)`` for positive finite ``x``, exactly (``jnp.exp2`` is not exact on CPU)."""
-    _, exponent = jnp.frexp(x)  # x = m 2^e with 0.5 <= m < 1
-    return jnp.ldexp(jnp.ones_like(x), exponent - 1)
+def _unit_max(leaves, slices, units: int) -> jax.Array:
+    """Per unit, the largest ``|w|`` over ``slices`` (0 for a unit without entries)."""
+    return _combine([_unit_power(leaves[s.leaf], s, units, math.inf) for s in slices], math.inf)
 
 
-def _log_norms(leaves, slices, units: int, p: float) -> tuple[jax.Array, jax.Array]:
+def _log_norms(leaves, slices, units: int, p: float, biggest: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(log ||.||_p, ok)`` per unit over ``slices`` (the p-norm of all their entries of that unit),
-    without overflow or underflow: each unit is first divided by the power of two at or below its
-    largest entry (exact), so ``|w|^p`` of entries near 1e20 (float32) or 1e-20 stays finite and
-    nonzero. ``ok``: the norm is positive and finite."""
-    biggest = _combine([_unit_power(leaves[s.leaf], s, units, math.inf) for s in slices], math.inf)
-    if p == math.inf:
-        ok = (biggest > 0) & jnp.isfinite(biggest)
-        return jnp.log(jnp.where(ok, biggest, 1.0)), ok
+    without overflow or underflow at any p: each unit is first divided by its largest entry
+    ``biggest`` (:func:`_unit_max`), so every ``|w / biggest|^p`` is at most 1 (1 for the largest)
+    and the sum at most the entry count, for weights up to the dtype's maximum and p in the hundreds
+    alike. The division is three products: by the two halves of ``biggest``'s power of two, then by
+    its mantissa (``biggest = m 2^e``, ``0.5 <= m < 1``): one factor ``2^-e`` would be subnormal, and
+    flushed to 0, for ``biggest >= 2^126``. ``ok``: the norm is positive and finite."""
     ok = (biggest > 0) & jnp.isfinite(biggest)
-    scale = _power_of_two_below(jnp.where(ok, biggest, 1.0))
-    total = _combine([_unit_power(leaves[s.leaf], s, units, p, scale) for s in slices], p)
+    safe = jnp.where(ok, biggest, 1.0)
+    if p == math.inf:
+        return jnp.log(safe), ok
+    mantissa, exponent = jnp.frexp(safe)
+    half = exponent // 2
+    ones = jnp.ones_like(safe)
+    factors = (jnp.ldexp(ones, -half), jnp.ldexp(ones, half - exponent), 1.0 / mantissa)
+    total = _combine([_unit_power(leaves[s.leaf], s, units, p, factors) for s in slices], p)
     ok = ok & (total > 0) & jnp.isfinite(total)
-    return jnp.log(scale) + jnp.log(jnp.where(ok, total, 1.0)) / p, ok
+    return jnp.log(safe) + jnp.log(jnp.where(ok, total, 1.0)) / p, ok
+
+
+def _finite_bounds(leaves, plan: Plan, big_producers: jax.Array, big_consumers: jax.Array,
+                   power_of_two: bool) -> tuple[jax.Array, jax.Array]:
+    """Per unit ``(lo, hi)`` on ``log d`` (on ``log2 d`` with ``power_of_two``) that keep every scaled
+    entry finite in its leaf's dtype: ``max|producer| * d`` and ``max|consumer| / d`` at most the
+    dtype's maximum. Always ``lo <= 0 <= hi`` (finite weights stay finite unscaled). For powers of
+    two the bound is exact (from the exponent of the largest entry); otherwise ``1e-5`` in ``log d``
+    is kept for the rounding of ``exp`` and of the product."""
+    finfos = lambda slices: [jnp.finfo(leaves[s.leaf].dtype) for s in slices]
+    up, down = finfos(plan.producers), finfos(plan.consumers)
+    positive = lambda big: jnp.where(big > 0, big, 1.0)
+    if power_of_two:  # big = m 2^e with 0.5 <= m < 1: big * 2^k is finite iff e + k <= maxexp
+        _, e_producers = jnp.frexp(positive(big_producers))
+        _, e_consumers = jnp.frexp(positive(big_consumers))
+        hi = min(f.maxexp for f in up) - e_producers
+        lo = e_consumers - min(f.maxexp for f in down)
+    else:
+        log_max = lambda fs: min(math.log(float(f.max)) for f in fs) - 1e-5
+        hi = log_max(up) - jnp.log(positive(big_producers))
+        lo = jnp.log(positive(big_consumers)) - log_max(down)
+    return jnp.minimum(lo, 0), jnp.maximum(hi, 0)
 
 
 def _factor(d: jax.Array, s: Slice, ndim: int) -> jax.Array:
@@ -291,26 +317,31 @@ def junction_scale(leaves, plan: Plan, p: float, c: Any, count_biases: bool,
     binary float format (no rounding, no drift of the function). ``bounds``: ``(lo, hi)`` per-unit
     limits on ``log d`` (the box of :func:`enorm_balance`'s ``max_scale``); clipping the 1-D
     minimiser to an interval gives the interval's minimiser, so the objective still does not
-    increase."""
+    increase. The same clipping keeps every scaled entry finite in its dtype
+    (:func:`_finite_bounds`): near the dtype's maximum a unit is balanced only as far as it can be.
+    """
     left = [s for s in plan.producers if count_biases or not s.bias]
     dtype = jnp.result_type(*[compute_dtype(leaves[s.leaf]) for s in (*left, *plan.consumers)])
     if not left:
         return jnp.ones((plan.units,), dtype)
-    log_l, ok_l = _log_norms(leaves, left, plan.units, p)
-    log_r, ok_r = _log_norms(leaves, plan.consumers, plan.units, p)
+    big_left = _unit_max(leaves, left, plan.units)
+    big_right = _unit_max(leaves, plan.consumers, plan.units)
+    log_l, ok_l = _log_norms(leaves, left, plan.units, p, big_left)
+    log_r, ok_r = _log_norms(leaves, plan.consumers, plan.units, p, big_right)
     ok = ok_l & ok_r
     c = jnp.asarray(c, dtype)
     log_d = 0.5 * (log_r - log_l).astype(dtype) - 0.5 * jnp.log(jnp.where(c > 0, c, 1.0))
     log_d = jnp.where(ok & jnp.isfinite(log_d), log_d, 0.0)
+    rest = [s for s in plan.producers if not (count_biases or not s.bias)]  # biases scaled, not counted
+    big_producers = jnp.maximum(big_left, _unit_max(leaves, rest, plan.units)) if rest else big_left
+    lo, hi = _finite_bounds(leaves, plan, big_producers, big_right, power_of_two)
+    if bounds is not None:
+        lo, hi = jnp.maximum(lo, bounds[0]), jnp.minimum(hi, bounds[1])
     if power_of_two:
-        k = jnp.round(log_d / math.log(2.0))
-        if bounds is not None:
-            k = jnp.clip(k, *bounds)
+        k = jnp.clip(jnp.round(log_d / math.log(2.0)), lo, hi)
         d = jnp.ldexp(jnp.ones_like(log_d), k.astype(jnp.int32))
     else:
-        if bounds is not None:
-            log_d = jnp.clip(log_d, *bounds)
-        d = jnp.exp(log_d)
+        d = jnp.exp(jnp.clip(log_d, lo, hi))
     d = jnp.where(ok & jnp.isfinite(d), d, jnp.ones_like(d))
     return jnp.where(c > 0, d, jnp.nan)
 
@@ -414,8 +445,10 @@ def enorm_balance(
     ``d_j = sqrt(R_j / (c L_j))`` with ``L_j`` / ``R_j`` the p-norms of the unit's incoming (producer)
     and outgoing (consumer) weights as they are after the previous updates; producers are
     multiplied by ``d_j``, consumers divided by it. Norms and scales are computed in float32 (or
-    the params' wider dtype), each unit first divided by the power of two at or below its largest
-    entry, so that float32 entries ~1e20 or ~1e-20 neither overflow nor underflow in ``|w|^p``.
+    the params' wider dtype), each unit first divided by its largest entry, so that ``|w|^p``
+    neither overflows nor underflows for entries up to the dtype's maximum or down to ~1e-20, nor
+    for p in the hundreds. A scale stops where a producer or consumer entry would overflow its
+    dtype (float16 weights near 65504): the unit is balanced as far as it can be.
     All cycles run in one ``lax.fori_loop``, so the whole call is a
     single compiled computation for any ``cycles`` (also a traced one); it is compiled once per
     spec layout and reused across calls.
@@ -578,7 +611,7 @@ def objective(
     if spec is None:
         spec = chain(inner)
     plan_spec(inner, spec, "objective")
-    weighted = not (isinstance(c, int | float) and c == 1)
+    weighted = not (np.ndim(c) == 0 and not isinstance(c, jax.core.Tracer) and float(np.asarray(c)) == 1)
     level = _levels(spec) if weighted else {}
     seen: dict[tuple, None] = {}
     for junction in spec:
