@@ -458,7 +458,7 @@ def test_a_scale_that_would_overflow_a_weight_stops_at_the_dtypes_maximum(dtype,
     wide = lambda q, name: q[name]["kernel"].astype(jnp.float32)
     f = lambda q: jnp.maximum(x @ wide(q, "Dense_0"), 0) @ wide(q, "Dense_1")
     np.testing.assert_allclose(f(out), f(params), rtol=1e-2 if not power_of_two else 0)
-    big_down = {k: {n: v / 2**12 for n, v in layer.items()} for k, layer in params.items()}  # far from the max
+    big_down = {k: {n: v / 2**12 for n, v in layer.items()} for k, layer in params.items()}  # below the max
     _, (free,) = enorm_balance(big_down, return_scales=True, power_of_two=power_of_two)
     assert float(free[0]) == pytest.approx(4.0 if power_of_two else math.sqrt(8), rel=1e-5)
 

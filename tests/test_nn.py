@@ -5,9 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxnorm.functional as F
 import jaxnorm.nn as jn
+import jaxnorm.nnx as jnnx
 
 KEY = jax.random.key(0)
 
@@ -254,6 +256,34 @@ def test_scaled_weight_norm_preserves_norm_through_relu_layers():
 
     assert 0.4 < energy_ratio(jn.ScaledWeightNormDense(256, use_bias=False)) < 2.5
     assert energy_ratio(jn.WeightNormDense(256, use_bias=False, g_init="ones")) < 0.01  # about 2**-10
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16])
+def test_scaled_weight_norm_grouped_conv_uses_the_groups_fans(groups):
+    """A grouped / depthwise conv's kernel is (*window, in / G, out): the fan-out read from that shape
+    was window * out, G times too large, so each layer scaled the signal's energy by about 1 / G
+    (depthwise, 5 layers: 2.7e-5). fan_out is window * out / G: the energy ratio is the same at every G
+    (0.9 with the zero padding's border), linen and NNX alike, and their kernels agree."""
+    x = _x((8, 12, 12, 16), loc=0.0, scale=1.0)
+    layer = jn.ScaledWeightNormConv(16, (3, 3), feature_group_count=groups, use_bias=False)
+    variables = layer.init(KEY, x)
+    y = layer.apply(variables, x)
+    ratio = float(jnp.sum(jax.nn.relu(y) ** 2) / jnp.sum(x**2))
+    assert 0.6 < ratio < 1.2, ratio
+    v = np.asarray(variables["params"]["kernel"], np.float64)
+    fan_in = fan_out = 9 * 16 // groups
+    kernel = v / np.sqrt(np.sum(v**2, axis=(0, 1, 2))) * np.sqrt(2.0 * fan_in / fan_out)
+    reference = jax.lax.conv_general_dilated(
+        x, jnp.asarray(kernel, jnp.float32), (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=groups,
+    )
+    np.testing.assert_allclose(y, reference, rtol=1e-4, atol=1e-5)
+    module = jnnx.ScaledWeightNormConv(16, 16, (3, 3), feature_group_count=groups, use_bias=False,
+                                       rngs=nnx.Rngs(0))
+    module.kernel[...] = variables["params"]["kernel"]
+    np.testing.assert_allclose(module(x), y, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="feature_group_count=3 must divide the kernel's 16 output features"):
+        F.scaled_weight_norm(jnp.ones((3, 3, 1, 16)), 1.0, feature_group_count=3)
 
 
 def test_bounded_weight_norm_rho_is_a_constant():

@@ -21,7 +21,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_epsilon, check_floating, check_per_unit, check_positive_values
+from jaxnorm.functional._checks import (
+    check_epsilon,
+    check_floating,
+    check_per_unit,
+    check_positive_int,
+    check_positive_values,
+)
 from jaxnorm.functional.batch import batch_moments
 
 __all__ = [
@@ -73,18 +79,26 @@ def _scaled_sumsq(w: jnp.ndarray, epsilon: float, name: str) -> tuple[jnp.ndarra
     return u, c, t
 
 
-def fans(shape: tuple[int, ...]) -> tuple[int, int]:
-    """``(fan_in, fan_out)`` of a kernel: Dense ``(in, out)``; Conv ``(*window, in, out)``.
+def fans(shape: tuple[int, ...], feature_group_count: int = 1) -> tuple[int, int]:
+    """``(fan_in, fan_out)`` of a kernel: Dense ``(in, out)``; Conv ``(*window, in / G, out)`` with
+    ``G = feature_group_count`` groups.
 
-    fan_in = in * prod(window), fan_out = out * prod(window) (Arpit et al. 2019, Sec. 3).
+    fan_in = (in / G) * prod(window), the inputs of one output unit; fan_out = (out / G) *
+    prod(window), the outputs one input reaches (Arpit et al. 2019, Sec. 3; a grouped or depthwise
+    conv connects each input to the ``out / G`` units of its group only).
     """
     if len(shape) < 2:
         raise ValueError(f"fans needs a kernel shape of rank >= 2, got {shape}")
     shape = tuple(int(d) for d in shape)
     if 0 in shape:
         raise ValueError(f"fans needs a kernel shape without empty axes, got shape {shape}")
+    groups = check_positive_int(feature_group_count, "feature_group_count")
+    if shape[-1] % groups:
+        raise ValueError(
+            f"feature_group_count={groups} must divide the kernel's {shape[-1]} output features"
+        )
     receptive = math.prod(shape[:-2])
-    return shape[-2] * receptive, shape[-1] * receptive
+    return shape[-2] * receptive, shape[-1] // groups * receptive
 
 
 def unit_norm(w: jnp.ndarray, *, epsilon: float = 0.0) -> jnp.ndarray:
@@ -163,18 +177,24 @@ def weight_norm_data_init(
 
 
 def scaled_weight_norm(
-    v: jnp.ndarray, g: jnp.ndarray | float, *, gain: float = 2.0, epsilon: float = 1e-12
+    v: jnp.ndarray,
+    g: jnp.ndarray | float,
+    *,
+    gain: float = 2.0,
+    epsilon: float = 1e-12,
+    feature_group_count: int = 1,
 ) -> jnp.ndarray:
     """Scaled weight normalization (Arpit, Campos & Bengio 2019; slides 001, Sec. 5):
 
         w = g * sqrt(gain * fan_in / fan_out) * v / ||v||
 
-    with fans from the kernel shape (:func:`fans`) and ``g`` initialised to 1. ``gain`` is 2 for a layer
+    with fans from the kernel shape (:func:`fans`; a grouped conv's ``feature_group_count``, which its
+    kernel shape does not show) and ``g`` initialised to 1. ``gain`` is 2 for a layer
     followed by ReLU, 1 for a linear layer and ``1 / N`` for the last layer of each residual branch of a
     stage with N blocks; it keeps forward and backward norms constant with depth at initialisation.
     """
     check_positive_values(gain, "gain")
-    fan_in, fan_out = fans(jnp.shape(v))
+    fan_in, fan_out = fans(jnp.shape(v), feature_group_count)
     return weight_norm(v, jnp.asarray(g) * math.sqrt(gain * fan_in / fan_out), epsilon=epsilon)
 
 

@@ -176,7 +176,9 @@ class _ScaledWeightNorm(nn.Module):
 
     def _reparametrize(self, v, x):
         g = self.param("scale", self.scale_init, (v.shape[-1],), self.param_dtype)
-        return scaled_weight_norm(v, g, gain=self.gain, epsilon=self.epsilon), self._bias()
+        groups = getattr(self, "feature_group_count", 1)
+        w = scaled_weight_norm(v, g, gain=self.gain, epsilon=self.epsilon, feature_group_count=groups)
+        return w, self._bias()
 
 
 class _BoundedWeightNorm(nn.Module):

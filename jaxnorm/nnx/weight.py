@@ -191,7 +191,11 @@ class _ScaledWeightNorm:
         self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):
-        return scaled_weight_norm(self.kernel[...], self.scale[...], gain=self.gain, epsilon=self.epsilon)
+        groups = getattr(self, "feature_group_count", 1)
+        return scaled_weight_norm(
+            self.kernel[...], self.scale[...], gain=self.gain, epsilon=self.epsilon,
+            feature_group_count=groups,
+        )
 
 
 class _BoundedWeightNorm:
