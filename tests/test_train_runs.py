@@ -250,3 +250,18 @@ def test_progress_in_a_log_is_plain_lines():
     bar.close()
     text = log.getvalue()
     assert "\r" not in text and text.splitlines() == ["step 100/100 (100%) loss=0.1234"]
+
+
+@pytest.mark.parametrize("wrappers", [("wrs",), ("bwn",)])
+def test_weight_norm_data_init_trains_with_a_rescaling_wrapper(wrappers):
+    """The set-up traced the model by initialising it on one example, which weight norm's
+    data-dependent init refuses (two values per Dense unit): with a rescaling wrapper (its BN
+    transport trace) a run with init_examples=64 failed naming the batch of one."""
+    from jaxnorm import models
+
+    train_src, _ = _sources()
+    model = models.create("mlp", num_classes=3, norm="wn", depth=2, width=16, g_init="data")
+    config = {**SHORT, "init_examples": 64, "eval_every": 0}
+    config["optimizer"] = {**SHORT["optimizer"], "wrappers": wrappers}
+    result = train(config, model=model, train_data=train_src)
+    assert np.isfinite(result.summary["train_loss"])

@@ -77,13 +77,19 @@ class _Affine(nnx.Module):
         self.promote_dtype = promote_dtype
 
     def _promoted(
-        self, x: jnp.ndarray, allow_complex: bool = False
+        self, x: jnp.ndarray, allow_complex: bool = False, statistics: tuple[jnp.ndarray, ...] = ()
     ) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
         """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` must be floating,
-        or complex where ``allow_complex``: BatchNorm, as flax's)."""
+        or complex where ``allow_complex``: BatchNorm, as flax's). BatchNorm passes its running
+        ``statistics`` along, as flax.nnx's ``(x, mean, var, scale, bias)``: with ``dtype=None`` their
+        float32 promotes half-precision ``x`` and parameters, and the output, to float32. The promoted
+        statistics are not used: the running averages stay float32 whatever ``dtype``."""
         if not (allow_complex and jnp.iscomplexobj(x)):
             check_floating(x, "x")
-        return self.promote_dtype((x, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype)
+        promoted = self.promote_dtype(
+            (x, *statistics, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype
+        )
+        return promoted[0], promoted[-2], promoted[-1]
 
 
 class BatchNorm(_Affine):
@@ -172,7 +178,7 @@ class BatchNorm(_Affine):
                 "model.eval() / model.train()), got None in both"
             )
         feature_axes = _check_features(x, self.axis, self.num_features, "axis")
-        x, scale, bias = self._promoted(x, allow_complex=True)
+        x, scale, bias = self._promoted(x, allow_complex=True, statistics=(self.mean[...], self.var[...]))
         out = layers.batch_norm_layer(
             x, running_mean=self.mean[...], running_var=self.var[...], scale=scale, bias=bias,
             use_running_average=use_running_average, axis=feature_axes, momentum=self.momentum,

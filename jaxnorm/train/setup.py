@@ -47,7 +47,7 @@ def build_optimizer(
     Args:
       optimizer: the config's ``optimizer`` block.
       model: the linen module being trained.
-      images: one batch of inputs (shapes only; the first example is the tracing sample).
+      images: one batch of inputs (shapes only; the first :data:`TRACE_EXAMPLES` are the tracing sample).
       schedule_steps: the run length the learning-rate schedule spans.
       axis_name, invariance_model: see :func:`scale_invariant_mask_for`.
       workdir: the run directory, against which ``wd_mimicry``'s reference name is resolved.
@@ -58,11 +58,22 @@ def build_optimizer(
         else None
     )
     return make_optimizer(
-        with_teleportation_spec(with_enorm_spec(optimizer, model, images[:1]), model, images),
+        with_teleportation_spec(with_enorm_spec(optimizer, model, images[:TRACE_EXAMPLES]), model, images),
         schedule_steps,
         scale_invariant_mask=mask,
         reference_norms=reference_norms(optimizer, workdir),
     )
+
+
+TRACE_EXAMPLES = 2
+"""Examples of the first batch the set-up's traces initialise the model on: one example would fail
+weight norm's data-dependent initialisation, which needs two values per unit of a Dense layer."""
+
+
+def tracing_variables(model: Any, images: jax.Array) -> PyTree:
+    """``model.init`` in inference mode on the first :data:`TRACE_EXAMPLES` examples of ``images``: the
+    variables the set-up traces the network with (their values matter only for their structure)."""
+    return model.init(jax.random.PRNGKey(0), images[:TRACE_EXAMPLES], train=False)
 
 
 def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array) -> Mapping[str, Any]:
@@ -83,7 +94,7 @@ def with_enorm_spec(optimizer: Mapping[str, Any], model: Any, sample: jax.Array)
 
     c = enorm_kwargs.get("c", 1.0)
     per_part = isinstance(c, Mapping) or hasattr(c, "unlocked")  # {"hidden": ..., "last": ...}
-    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
+    variables = tracing_variables(model, sample)
     try:
         spec = chain(variables["params"])
         if not per_part:
@@ -127,7 +138,7 @@ def teleportation_spec(model: Any, images: jax.Array) -> tuple:
     ``ValueError`` naming the wrapper when no junction is left (e.g. ``norm='mp'``, weight norm)."""
     from jaxnorm.enorm import discover
 
-    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    variables = tracing_variables(model, images)
     rngs = {"dropout": jax.random.PRNGKey(0)}
 
     def train_fn(params, x):
@@ -170,7 +181,7 @@ def params_hook_for(config: Mapping[str, Any], model: Any, sample: jax.Array) ->
         return None
     from jaxnorm.enorm import chain, discover
 
-    variables = model.init(jax.random.PRNGKey(0), sample, train=False)
+    variables = tracing_variables(model, sample)
     try:
         spec = chain(variables["params"])
     except ValueError:
@@ -201,7 +212,7 @@ def scale_invariant_mask_for(
                 "passes it); or use parallel='jit' (sharded, the main path) or mask 'kernels'"
             )
         model = invariance_model
-    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    variables = tracing_variables(model, images)
     mask = scale_invariant_mask(
         lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])[0], variables, images
     )
@@ -243,7 +254,7 @@ def batch_stats_transport(
         return None
     if axis_name is not None and invariance_model is not None:
         model = invariance_model
-    variables = model.init(jax.random.PRNGKey(0), images[:1], train=False)
+    variables = tracing_variables(model, images)
     if "batch_stats" not in variables:
         return None
     stats_map = batch_stats_map(lambda v, x: model.apply(v, x, train=False), dict(variables), images[:1])
