@@ -15,16 +15,19 @@ cd "$(dirname "$0")/../.."
 DATA=${DATA:-cifar10_jpeg}
 EPOCHS=${EPOCHS:-10}
 # model.kwargs.<key> as a grid key: grid values are set after the variant's own model.kwargs
+# Seeds outermost: every method's seed 0 comes first, so a partial sweep already compares them.
 for model in "model.kwargs.width_multiplier=0.25:" "model.kwargs.width=8:resnet18 "; do
   IFS=: read -r width prefix <<< "$model"
-  python experiments/scripts/resume_grid.py cifar10_wrs \
-    --jsonl experiments/results/cifar10_wrs_narrow.jsonl --workdir runs/cifar10_wrs_narrow \
-    --only "${prefix}sgdm+wd" "${prefix}sgdm+wrs" "${prefix}adamw+wd" --seeds 0 1 2 \
-    --grid "$width" --grid num_epochs=$EPOCHS --set dataset.name=$DATA checkpoint_every=500
-  python experiments/scripts/resume_grid.py cifar10_wrs \
-    --jsonl experiments/results/cifar10_wrs_narrow.jsonl --workdir runs/cifar10_wrs_narrow \
-    --only "${prefix}adamw+wrs" --seeds 0 1 2 \
-    --grid "$width" --grid num_epochs=$((EPOCHS / 2)) --set dataset.name=$DATA checkpoint_every=500
+  for seed in 0 1 2; do
+    python experiments/scripts/resume_grid.py cifar10_wrs \
+      --jsonl experiments/results/cifar10_wrs_narrow.jsonl --workdir runs/cifar10_wrs_narrow \
+      --only "${prefix}sgdm+wd" "${prefix}sgdm+wrs" "${prefix}adamw+wd" --seeds $seed \
+      --grid "$width" --grid num_epochs=$EPOCHS --set dataset.name=$DATA checkpoint_every=500
+    python experiments/scripts/resume_grid.py cifar10_wrs \
+      --jsonl experiments/results/cifar10_wrs_narrow.jsonl --workdir runs/cifar10_wrs_narrow \
+      --only "${prefix}adamw+wrs" --seeds $seed \
+      --grid "$width" --grid num_epochs=$((EPOCHS / 2)) --set dataset.name=$DATA checkpoint_every=500
+  done
   if [ "${ABLATION:-0}" = 1 ]; then
     python experiments/scripts/resume_grid.py cifar10_wrs \
       --jsonl experiments/results/cifar10_wrs_narrow_lr.jsonl --workdir runs/cifar10_wrs_narrow_lr \
