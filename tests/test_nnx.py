@@ -564,3 +564,35 @@ def test_nnx_and_linen_export_the_same_layers():
     assert set(jnn.__all__) | {"Constant"} == set(jnnx.__all__)
     assert isinstance(jnnx.BatchNorm(3, rngs=nnx.Rngs(0)), nnx.Module)
     assert not isinstance(jnnx.BatchNorm(3, rngs=nnx.Rngs(0)), linen.Module)
+
+
+def test_nnx_view_sets_eval_mode_as_flax():
+    """flax 0.12's eval copy ``nnx.view(model, use_running_average=True)`` calls each module's
+    ``set_view``; jaxnorm's BatchNorm had none: beside a flax BatchNorm the view silently stayed in
+    training mode (batch statistics, running mean overwritten), alone it raised."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.theirs = nnx.BatchNorm(4, rngs=rngs)
+            self.ours = jnnx.BatchNorm(4, rngs=rngs)
+
+    x = _normal(0, (8, 4), loc=3.0, scale=2.0)
+    net = Net(nnx.Rngs(0))
+    view = nnx.view(net, use_running_average=True)
+    assert view.ours.use_running_average is True and net.ours.use_running_average is False
+    before = np.asarray(net.ours.mean[...]).copy()
+    _close(view.ours(x), view.theirs(x))
+    np.testing.assert_array_equal(net.ours.mean[...], before)
+    alone = nnx.view(jnnx.BatchNorm(4, rngs=nnx.Rngs(0)), use_running_average=True)
+    assert alone.use_running_average is True
+
+
+def test_flax_call_signatures_and_attributes():
+    """flax.nnx.RMSNorm takes ``mask`` positionally; flax.nnx.GroupNorm has ``feature_axis = -1``."""
+    x = _normal(0, (4, 6))
+    mask = jnp.arange(6) < 4
+    ours, theirs = jnnx.RMSNorm(6, rngs=nnx.Rngs(0)), nnx.RMSNorm(6, rngs=nnx.Rngs(0))
+    _close(ours(x, jnp.broadcast_to(mask, x.shape)), theirs(x, jnp.broadcast_to(mask, x.shape)))
+    assert jnnx.GroupNorm(8, num_groups=2, rngs=nnx.Rngs(0)).feature_axis == nnx.GroupNorm(
+        8, num_groups=2, rngs=nnx.Rngs(0)
+    ).feature_axis == -1

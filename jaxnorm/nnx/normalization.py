@@ -164,6 +164,12 @@ class BatchNorm(_Affine):
             self.use_fast_variance,
         )
 
+    def set_view(self, use_running_average: bool | None = None):
+        """What ``nnx.view(model, use_running_average=...)`` calls, as flax.nnx.BatchNorm's: sets the
+        mode of the view (``None`` leaves it)."""
+        if use_running_average is not None:
+            self.use_running_average = use_running_average
+
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
         """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the elements of the statistics.
 
@@ -328,6 +334,7 @@ class GroupNorm(_Affine):
         p: PNorm | float = 2,
     ):
         self.p = canonical_p(p)
+        self.feature_axis = -1  # as flax.nnx.GroupNorm's attribute: channels last
         self.num_groups = layers.num_groups_of(num_features, num_groups, group_size)
         self.group_size = num_features // self.num_groups
         self._init_affine(
@@ -388,7 +395,7 @@ class RMSNorm(nnx.Module):
         self.use_fast_variance = use_fast_variance
         self.promote_dtype = promote_dtype
 
-    def __call__(self, x, *, mask=None):
+    def __call__(self, x, mask=None):
         """``x * rsqrt(mean(x^2) + epsilon) * scale`` over ``reduction_axes``."""
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
         check_floating(x, "x")
