@@ -44,7 +44,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -148,36 +148,38 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
     runs = [r for r in every if r["variant"] == variant and at_point(r)]
     if not runs:
         raise ValueError(f"--select: no runs of {variant!r} at {point} with {key!r} in {path}")
-    check_no_repeated_runs(runs, f"--select {path}")
+    where = f"--select {path}: the runs of {variant!r} at {point}"
+    check_no_repeated_runs(runs, where)
+    _check_one_setting(runs, key, point, where)
+    scores: dict[str, list[float]] = {}
+    for r in runs:
+        acc = float(r["eval_accuracy"])
+        scores.setdefault(repr(r["grid"][key]), []).append(acc if acc == acc else 0.0)
+    values = {repr(r["grid"][key]): r["grid"][key] for r in every}
+    if set(values) != set(scores) or len({len(s) for s in scores.values()}) > 1:
+        counts = {values[v]: len(scores.get(v, ())) for v in sorted(values)}
+        raise ValueError(
+            f"{where} are incomplete (runs per value of {key}: {counts}); finish the selection sweep first"
+        )
+    best = max(scores, key=lambda v: sum(scores[v]) / len(scores[v]))
+    return values[best]
+
+
+def _check_one_setting(runs: Sequence[dict[str, Any]], key: str, point: dict[str, Any], where: str) -> None:
+    """``ValueError`` when ``runs`` differ in a grid key other than ``key`` and those of ``point``, or
+    in a result ``--set`` value: a selection over them would pool settings."""
     settings = (
         ("grid", lambda r: {k: repr(v) for k, v in r["grid"].items() if k != key and k not in point}),
         ("--set", lambda r: result_sets(r.get("sets", ()))),
     )
     for field, of in settings:
-        varying = sorted(k for k in {k for r in runs for k in of(r)} if len({of(r).get(k) for r in runs}) > 1)
+        keys = {k for r in runs for k in of(r)}
+        varying = sorted(k for k in keys if len({of(r).get(k) for r in runs}) > 1)
         if varying:
             raise ValueError(
-                f"--select {path}: the runs of {variant!r} at {point} differ in {field} {varying}; the "
-                f"choice would pool them: make it a --grid key of both sweeps, or select from one file "
-                f"per setting"
+                f"{where} differ in {field} {varying}; the choice would pool them: make it a --grid key "
+                "of both sweeps, or select from one file per setting"
             )
-    scores: dict[str, list[float]] = {}
-    values: dict[str, Any] = {}
-    for r in runs:
-        acc = float(r["eval_accuracy"])
-        scores.setdefault(repr(r["grid"][key]), []).append(acc if acc == acc else 0.0)
-        values[repr(r["grid"][key])] = r["grid"][key]
-    ran = {repr(r["grid"][key]) for r in every}
-    missing = sorted(ran - set(scores))
-    if missing or len({len(s) for s in scores.values()}) > 1:
-        shown = {repr(r["grid"][key]): r["grid"][key] for r in every}
-        counts = {shown[v]: len(scores.get(v, ())) for v in sorted(ran)}
-        raise ValueError(
-            f"--select {path}: the selection for {variant!r} at {point} is incomplete (runs per value of "
-            f"{key}: {counts}); finish the selection sweep first"
-        )
-    best = max(scores, key=lambda v: sum(scores[v]) / len(scores[v]))
-    return values[best]
 
 
 def check_recorded(record: dict[str, Any], config) -> None:
@@ -199,22 +201,20 @@ def check_recorded(record: dict[str, Any], config) -> None:
         )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config")
-    parser.add_argument("--jsonl", required=True, help="finished runs, one JSON line each (appended)")
-    parser.add_argument("--workdir", required=True, help="run directories with checkpoints")
-    parser.add_argument("--seeds", type=int, nargs="*")
-    parser.add_argument("--only", nargs="*", help="run only these variants, in this order")
-    parser.add_argument("--grid", action="append", default=[], help="key=v1,v2,... (repeatable)")
-    parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
-    parser.add_argument("--select", default="", help="FILE:KEY: KEY's best value per variant from FILE")
-    parser.add_argument("--dry-run", action="store_true", help="check every run and list them; train none")
-    args = parser.parse_args(argv)
+class PlannedRun(NamedTuple):
+    """One run of the sweep: its JSON line so far, its resolved config, its variant's overrides, and
+    whether the JSONL file already holds it."""
 
-    module = load_module(args.config)
-    base = module.get_config()
-    apply_sets(base, args.set)
+    record: dict[str, Any]
+    config: Any
+    overrides: dict[str, Any]
+    finished: bool
+
+
+def plan_runs(args: argparse.Namespace, module, base) -> list[PlannedRun]:
+    """Every run of the sweep in order, each config built and validated, each finished one checked
+    against its recorded config (before any run trains). With ``--dry-run`` a variant whose
+    ``--select`` cannot be made yet is reported and left out."""
     config_name = os.path.splitext(os.path.basename(args.config))[0]
     seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
     if len(set(seeds)) != len(seeds):
@@ -222,8 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = select_variants(module, args.only)
     check_set_conflicts(args.set, variants)
     grid = parse_grid(args.grid)
-    finished = read_runs(args.jsonl)
-    done = {run_identity(r): r for r in finished}
+    done = {run_identity(r): r for r in read_runs(args.jsonl)}
     plan = []
     for values in itertools.product(*(v for _, v in grid)):
         point = dict(zip((k for k, _ in grid), values, strict=True))
@@ -240,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     continue
             for seed in seeds:
                 config = run_config(base, overrides, seed, run_point)
-                experiment.validate(config)  # every run's config, before the first one trains
+                experiment.validate(config)
                 record = {
                     "key": run_key(config_name, name, run_point, args.set, seed),
                     "config": config_name,
@@ -252,28 +251,50 @@ def main(argv: Sequence[str] | None = None) -> None:
                 recorded = done.get(run_identity(record))
                 if recorded is not None:
                     check_recorded(recorded, config)
-                plan.append((record, config, overrides, recorded is not None))
+                plan.append(PlannedRun(record, config, dict(overrides), recorded is not None))
+    return plan
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--jsonl", required=True, help="finished runs, one JSON line each (appended)")
+    parser.add_argument("--workdir", required=True, help="run directories with checkpoints")
+    parser.add_argument("--seeds", type=int, nargs="*")
+    parser.add_argument("--only", nargs="*", help="run only these variants, in this order")
+    parser.add_argument("--grid", action="append", default=[], help="key=v1,v2,... (repeatable)")
+    parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
+    parser.add_argument("--select", default="", help="FILE:KEY: KEY's best value per variant from FILE")
+    parser.add_argument("--dry-run", action="store_true", help="check every run and list them; train none")
+    args = parser.parse_args(argv)
+
+    module = load_module(args.config)
+    base = module.get_config()
+    apply_sets(base, args.set)
+    plan = plan_runs(args, module, base)
     if args.dry_run:
-        for record, _, _, finished_run in plan:
-            print(f"{'done' if finished_run else 'todo'} {record['key']}")
+        for run in plan:
+            print(f"{'done' if run.finished else 'todo'} {run.record['key']}")
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
-    for record, config, overrides, finished_run in plan:
-        if finished_run or run_identity(record) in done:
+    trained = set()
+    for run in plan:
+        identity = run_identity(run.record)
+        if run.finished or identity in trained:
             continue
-        print(f"== {record['key']}", flush=True)
+        print(f"== {run.record['key']}", flush=True)
         summary = run_one(
             base,
-            overrides,
-            record["seed"],
-            workdir=os.path.join(args.workdir, workdir_name(record["key"])),
+            run.overrides,
+            run.record["seed"],
+            workdir=os.path.join(args.workdir, workdir_name(run.record["key"])),
             analysis=getattr(module, "ANALYSIS", ""),
-            grid=record["grid"],
+            grid=run.record["grid"],
         )
-        record = {**record, "code": code_version(), "run_config": config_dict(config), **summary}
+        record = {**run.record, "code": code_version(), "run_config": config_dict(run.config), **summary}
         with open(args.jsonl, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
-        done[run_identity(record)] = record
+        trained.add(identity)
         seconds = summary.get("seconds", float("nan"))
         print(f"   test acc {100 * summary['eval_accuracy']:.2f}%, {seconds:.0f} s", flush=True)
 
