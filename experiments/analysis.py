@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.scripts.records import check_no_repeated_runs, result_sets
+from experiments.scripts.records import as_recorded, check_no_repeated_runs, result_sets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -126,9 +126,8 @@ def sweep_runs(name: str, variant: str, point: dict[str, object]) -> list[dict]:
     unknown = sorted(set(point) - keys) if runs else []
     if unknown:  # every run of a sweep has the same grid keys: a misspelt one would read as pending
         raise ValueError(f"sweep {name!r} has no grid key {unknown}; its keys: {sorted(keys)}")
-    chosen = [
-        r for r in runs if r["variant"] == variant and all(r["grid"].get(k) == v for k, v in point.items())
-    ]
+    at_point = lambda r: all(as_recorded(r["grid"].get(k)) == as_recorded(v) for k, v in point.items())
+    chosen = [r for r in runs if r["variant"] == variant and at_point(r)]
     pooled = sorted(k for k in keys - set(point) if len({repr(r["grid"].get(k)) for r in chosen}) > 1)
     if pooled:
         raise ValueError(

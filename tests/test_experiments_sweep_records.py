@@ -18,7 +18,7 @@ from test_experiments_resume import TINY
 
 from experiments import __main__ as cli
 from experiments import analysis
-from experiments.scripts import grid, records, resume_grid
+from experiments.scripts import common, grid, records, resume_grid
 
 
 def _lines(path):
@@ -155,3 +155,43 @@ def test_a_nested_override_of_the_swept_key_is_refused(capsys):
     override of optimizer.learning_rate was shown by `show` but trained with 0.1."""
     assert cli.main(["experiments", "cifar10_wrs", "--config.optimizer.learning_rate=0.05"]) == 2
     assert "config.optimizer is set by the sweep" in capsys.readouterr().err
+
+
+def test_a_tuple_grid_value_is_the_same_run_as_its_recorded_list(tmp_path):
+    """JSON records a tuple as a list: repr('()') never equalled repr('[]'), so a run of
+    --grid optimizer.wrappers=('wrs',),() was never done and trained again on every invocation."""
+    record = {"config": "c", "variant": "a", "grid": {"optimizer.wrappers": ("wrs",)}, "sets": [], "seed": 0}
+    assert records.run_identity(record) == records.run_identity(json.loads(json.dumps(record)))
+    path = tmp_path / "select.jsonl"
+    wrs = [_run("a", 0, 0.5, {"lr": 0.1, "w": ("wrs",)}), _run("a", 0, 0.4, {"lr": 0.3, "w": ["wrs"]})]
+    _write(path, wrs)
+    assert resume_grid.select(str(path), "lr", "a", {"w": ("wrs",)}) == 0.1
+
+
+def test_a_set_dict_merges_with_a_variants_key_it_does_not_give():
+    """--set model.kwargs={'depth': 2, 'width': 100} with a variant's model.kwargs.num_groups merges (the
+    runner refused it, and its advice, --grid model.kwargs=..., would have dropped num_groups); a dict
+    that gives the variant's key too is refused, pointing to the variant's own key."""
+    variants = {"gn-10": {"model.norm": "gn", "model.kwargs.num_groups": 10}}
+    common.check_set_conflicts(["model.kwargs={'depth': 2, 'width': 100}"], variants)
+    with pytest.raises(ValueError, match=r"--grid model.kwargs.num_groups=\.\.\."):
+        common.check_set_conflicts(["model.kwargs={'depth': 2, 'num_groups': 4}"], variants)
+    with pytest.raises(ValueError, match=r"--grid model.kwargs.width=\.\.\."):
+        common.check_set_conflicts(["model.kwargs.width=8"], {"v": {"model.kwargs": {"stem": "cifar"}}})
+
+
+def test_a_wrapper_argument_the_config_does_not_list_yet_is_a_valid_key():
+    module = common.load_module("fmnist_enorm_c_depth")
+    overrides = module.VARIANTS["enorm-1.2, every junction"]
+    grid_point = {"optimizer.wrapper_kwargs.enorm.cycles": 2}
+    config = common.run_config(module.get_config(), overrides, 0, grid_point)
+    assert config.optimizer.wrapper_kwargs.enorm.cycles == 2
+
+
+def test_select_counts_the_values_run_at_its_own_point(tmp_path):
+    """Depth 2 ran lr {0.1, 0.01}, depth 8 lr {0.1, 0.05}: selecting at depth 2 is complete."""
+    path = tmp_path / "select.jsonl"
+    _write(path, [_run("a", 0, 0.5, {"depth": 2, "lr": 0.1}), _run("a", 0, 0.4, {"depth": 2, "lr": 0.01}),
+                  _run("a", 0, 0.5, {"depth": 8, "lr": 0.1}), _run("a", 0, 0.6, {"depth": 8, "lr": 0.05})])
+    assert resume_grid.select(str(path), "lr", "a", {"depth": 2}) == 0.1
+    assert resume_grid.select(str(path), "lr", "a", {"depth": 8}) == 0.05

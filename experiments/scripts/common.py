@@ -58,10 +58,15 @@ def apply_sets(config, items: Sequence[str]) -> None:
         set_dotted(config, key, value)
 
 
+FREE_FORM_KEYS = ("model.kwargs.", "optimizer.wrapper_kwargs.")
+"""Dotted prefixes of dicts whose keys a run may add: model options (checked against the model) and
+optimizer wrappers' arguments (checked by the wrapper when the run is validated)."""
+
+
 def check_known_key(config, key: str, option: str) -> None:
     """``ValueError`` naming ``option`` unless ``key`` is a field of ``config`` or of the experiment
-    defaults, or ``model.kwargs.<option>`` (checked against the model when the run is validated)."""
-    if key.startswith("model.kwargs."):
+    defaults, or lies in a dict of :data:`FREE_FORM_KEYS` (checked when the run is validated)."""
+    if key.startswith(FREE_FORM_KEYS):
         return
     defaults = experiment.experiment_defaults()
     for candidate in (config, defaults):
@@ -77,17 +82,23 @@ def check_known_key(config, key: str, option: str) -> None:
 def check_set_conflicts(
     set_items: Sequence[str], variants: Mapping[str, Mapping[str, Any]], *, has_grid: bool = True
 ) -> None:
-    """``ValueError`` when a variant sets a key that a ``--set`` item sets too (the same key, or one
-    inside the other): the variant's own value would win, silently, in the run of that variant.
-    ``has_grid``: the script takes ``--grid`` (set after the variants), which the message suggests."""
+    """``ValueError`` when a variant sets what a ``--set`` item sets too: the same key, a key inside a
+    ``--set`` dict that the dict gives (``--set model.kwargs={'width': 8}`` and a variant's
+    ``model.kwargs.width``; its other keys merge), or a dict around a ``--set`` key (the variant's dict
+    would replace it). The variant's own value would win, silently, in its runs. ``has_grid``: the
+    script takes ``--grid`` (applied after the variants), which the message suggests."""
     for item in set_items:
-        key, _ = parse_set(item)
+        key, value = parse_set(item)
         for name, overrides in variants.items():
-            for own, value in overrides.items():
-                if own == key or own.startswith(key + ".") or key.startswith(own + "."):
-                    instead = f"override it for every variant with --grid {key}=..., or " if has_grid else ""
+            for own, own_value in overrides.items():
+                inside = own.startswith(key + ".")
+                if inside and not (isinstance(value, Mapping) and own[len(key) + 1 :].split(".")[0] in value):
+                    continue  # the variant's key is not in the --set dict: the two merge
+                if own == key or inside or key.startswith(own + "."):
+                    specific = max(own, key, key=len)
+                    instead = f"override it for every variant with --grid {specific}=..., or " * has_grid
                     raise ValueError(
-                        f"--set {item}: variant {name!r} sets {own}={value!r} itself, and a variant's "
+                        f"--set {item}: variant {name!r} sets {own}={own_value!r} itself, and a variant's "
                         f"own settings win over --set; {instead}leave the variant out with --only"
                     )
 

@@ -11,6 +11,7 @@ selection of a hyper-parameter and the analysis agree on them.
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -78,14 +79,20 @@ def result_sets(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         key, value = parse_set(item)
         if not is_execution_set(key):
-            out[key] = repr(value)
+            out[key] = as_recorded(value)
     return out
 
 
+def as_recorded(value: Any) -> str:
+    """``value`` as a JSON line holds it, as a string: a tuple and the list it is recorded as compare
+    equal (``('a',)`` on the command line, ``["a"]`` in the file)."""
+    return repr(json.loads(json.dumps(value, default=float)))
+
+
 def run_identity(record: Mapping[str, Any]) -> tuple:
-    """What makes two JSON lines the same run: config, variant, grid point, result ``--set`` items
-    (:func:`result_sets`) and seed (a field a line lacks counts as empty)."""
-    grid = tuple(sorted((k, repr(v)) for k, v in record.get("grid", {}).items()))
+    """What makes two JSON lines the same run: config, variant, grid point (values :func:`as_recorded`),
+    result ``--set`` items (:func:`result_sets`) and seed (a field a line lacks counts as empty)."""
+    grid = tuple(sorted((k, as_recorded(v)) for k, v in record.get("grid", {}).items()))
     sets = tuple(sorted(result_sets(record.get("sets", ())).items()))
     return record.get("config", ""), record["variant"], grid, sets, record.get("seed")
 

@@ -57,6 +57,7 @@ from experiments.scripts.common import (
     select_variants,
 )
 from experiments.scripts.records import (
+    as_recorded,
     check_no_repeated_runs,
     parse_value,
     result_sets,
@@ -144,8 +145,11 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
         for r in read_runs(path)
         if key in r["grid"] and (config is None or r.get("config", config) == config)
     ]
-    at_point = lambda r: all(repr(r["grid"].get(k)) == repr(v) for k, v in point.items() if k != key)
-    runs = [r for r in every if r["variant"] == variant and at_point(r)]
+    at_point = lambda r: all(
+        as_recorded(r["grid"].get(k)) == as_recorded(v) for k, v in point.items() if k != key
+    )
+    here = [r for r in every if at_point(r)]  # every variant's runs at this point
+    runs = [r for r in here if r["variant"] == variant]
     if not runs:
         raise ValueError(f"--select: no runs of {variant!r} at {point} with {key!r} in {path}")
     where = f"--select {path}: the runs of {variant!r} at {point}"
@@ -154,8 +158,8 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
     scores: dict[str, list[float]] = {}
     for r in runs:
         acc = float(r["eval_accuracy"])
-        scores.setdefault(repr(r["grid"][key]), []).append(acc if acc == acc else 0.0)
-    values = {repr(r["grid"][key]): r["grid"][key] for r in every}
+        scores.setdefault(as_recorded(r["grid"][key]), []).append(acc if acc == acc else 0.0)
+    values = {as_recorded(r["grid"][key]): r["grid"][key] for r in here}
     if set(values) != set(scores) or len({len(s) for s in scores.values()}) > 1:
         counts = {values[v]: len(scores.get(v, ())) for v in sorted(values)}
         raise ValueError(
@@ -169,7 +173,7 @@ def _check_one_setting(runs: Sequence[dict[str, Any]], key: str, point: dict[str
     """``ValueError`` when ``runs`` differ in a grid key other than ``key`` and those of ``point``, or
     in a result ``--set`` value: a selection over them would pool settings."""
     settings = (
-        ("grid", lambda r: {k: repr(v) for k, v in r["grid"].items() if k != key and k not in point}),
+        ("grid", lambda r: {k: as_recorded(v) for k, v in r["grid"].items() if k != key and k not in point}),
         ("--set", lambda r: result_sets(r.get("sets", ()))),
     )
     for field, of in settings:
