@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from experiments.scripts.records import parse_value
+
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 USAGE = (
     "usage: python -m experiments <config> [--config.key=value ...]\n"
@@ -62,14 +64,6 @@ def _split_override(override: str) -> tuple[str, str | None]:
     return key, (value if sep else None)
 
 
-def _literal(text: str) -> Any:
-    """A Python literal if ``text`` is one (``4``, ``0.9``, ``True``, ``(8, 16)``), else the string."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 def _model_name(config, overrides: Sequence[str]) -> str:
     """The model the overrides leave in ``config.model.name``."""
     name = config.model.name
@@ -98,7 +92,7 @@ def _check_keys(config, overrides: Sequence[str]) -> tuple[list[str], dict[str, 
             if f"{MODEL_KWARGS}.{parts[-1]}" in candidates:
                 if value is None:
                     raise ValueError(f"--config.{key}: give a value, e.g. --config.{key}=...")
-                options[parts[-1]] = _literal(value)
+                options[parts[-1]] = parse_value(value)
                 continue
         raise ValueError(f"the config has no key config.{key}{suggestion(key, candidates)}")
     return flagged, options

@@ -38,7 +38,6 @@ committed file holds exactly this rendering).
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import json
 import math
@@ -49,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.scripts.records import as_recorded, check_no_repeated_runs, result_sets
+from experiments.scripts.records import as_recorded, check_no_repeated_runs, parse_value, result_sets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -110,10 +109,7 @@ def parse_point(text: str) -> dict[str, object]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"a grid point looks like 'key=value,...', got {text!r}")
-        try:
-            point[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            point[key] = value
+        point[key] = parse_value(value)
     return point
 
 

@@ -103,16 +103,29 @@ def check_set_conflicts(
                     )
 
 
-def select_variants(module, only: Sequence[str] | None) -> dict[str, Mapping[str, Any]]:
-    """The config's ``VARIANTS`` named in ``only`` (in that order; all of them for ``None`` or empty);
-    ``ValueError`` listing the valid names for an unknown or repeated one."""
-    names = list(only) if only else list(module.VARIANTS)
-    unknown = [n for n in names if n not in module.VARIANTS]
+def select_variants(
+    variants: Mapping[str, Mapping[str, Any]], only: Sequence[str] | None, *, in_only_order: bool = True
+) -> dict[str, Mapping[str, Any]]:
+    """The ``variants`` named in ``only`` (all of them for ``None`` or empty), in ``only``'s order or,
+    with ``in_only_order=False``, in ``variants``' (where a variant reads another's records, e.g. a
+    ``wd_mimicry`` reference); ``ValueError`` listing the valid names for an unknown or repeated one."""
+    names = list(only) if only else list(variants)
+    unknown = [n for n in names if n not in variants]
     if unknown:
-        raise ValueError(f"--only: unknown variants {unknown}; the config has {list(module.VARIANTS)}")
+        raise ValueError(f"--only: unknown variants {unknown}; the config has {list(variants)}")
     if len(set(names)) != len(names):
         raise ValueError(f"--only names a variant more than once: {names}")
-    return {n: module.VARIANTS[n] for n in names}
+    order = names if in_only_order else [n for n in variants if n in names]
+    return {n: variants[n] for n in order}
+
+
+def select_seeds(module, seeds: Sequence[int] | None) -> list[int]:
+    """``seeds`` (``--seeds``), or the config's ``SEEDS`` (default ``(0,)``) when none are given;
+    ``ValueError`` for a repeated seed, which would run one run twice."""
+    chosen = list(seeds) if seeds else list(getattr(module, "SEEDS", (0,)))
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"--seeds repeats a seed: {chosen}")
+    return chosen
 
 
 def set_dotted(config, key: str, value: Any) -> None:

@@ -154,8 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key, value in module.VARIANTS["enorm-1"].items():  # the ENorm nets (with the final BN)
         common.set_dotted(full, key, value)
     spec = enorm_spec(full)
-    chosen = common.select_variants(module, args.only)
-    variants = {k: v for k, v in module.VARIANTS.items() if k in chosen}
+    variants = common.select_variants(module.VARIANTS, args.only, in_only_order=False)
     common.check_set_conflicts(args.set, variants, has_grid=False)
     results: dict[str, dict[int, dict[str, list[float]]]] = {}
     for optimizer in args.optimizers:

@@ -35,6 +35,7 @@ from experiments.scripts.common import (
     plot,
     report,
     run_one,
+    select_seeds,
     select_variants,
     table,
 )
@@ -54,11 +55,8 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
     module = module or load_module(args.config)
     base = module.get_config()
     apply_sets(base, args.set)
-    seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds repeats a seed: {seeds}")
-    chosen = select_variants(module, args.only)
-    variants = {k: v for k, v in module.VARIANTS.items() if k in chosen}  # in VARIANTS' order
+    seeds = select_seeds(module, args.seeds)
+    variants = select_variants(module.VARIANTS, args.only, in_only_order=False)
     check_set_conflicts(args.set, variants, has_grid=False)
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="grid_records_") as records:  # recorded norms per seed

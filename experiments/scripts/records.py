@@ -100,7 +100,7 @@ def run_identity(record: Mapping[str, Any]) -> tuple:
 def check_no_repeated_runs(runs: Sequence[Mapping[str, Any]], where: str) -> None:
     """``ValueError`` naming ``where`` when two of ``runs`` are the same run (:func:`run_identity`): a
     sweep rerun that appended a finished run again would count its seed twice."""
-    seen: dict[tuple, int] = {}
+    seen: set[tuple] = set()
     for run in runs:
         identity = run_identity(run)
         if identity in seen:
@@ -108,4 +108,4 @@ def check_no_repeated_runs(runs: Sequence[Mapping[str, Any]], where: str) -> Non
                 f"{where}: the run {run['variant']!r} seed {run.get('seed')} at {run.get('grid', {})} is "
                 "recorded more than once; remove the repeated line so that its seed counts once"
             )
-        seen[identity] = 1
+        seen.add(identity)

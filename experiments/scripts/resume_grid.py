@@ -54,6 +54,7 @@ from experiments.scripts.common import (
     load_module,
     run_config,
     run_one,
+    select_seeds,
     select_variants,
 )
 from experiments.scripts.records import (
@@ -124,10 +125,6 @@ def read_runs(path: str) -> list[dict[str, Any]]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def done_keys(path: str) -> set[str]:
-    return {r["key"] for r in read_runs(path)}
 
 
 def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: str | None = None) -> Any:
@@ -220,10 +217,8 @@ def plan_runs(args: argparse.Namespace, module, base) -> list[PlannedRun]:
     against its recorded config (before any run trains). With ``--dry-run`` a variant whose
     ``--select`` cannot be made yet is reported and left out."""
     config_name = os.path.splitext(os.path.basename(args.config))[0]
-    seeds = args.seeds if args.seeds else list(getattr(module, "SEEDS", (0,)))
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds repeats a seed: {seeds}")
-    variants = select_variants(module, args.only)
+    seeds = select_seeds(module, args.seeds)
+    variants = select_variants(module.VARIANTS, args.only)
     check_set_conflicts(args.set, variants)
     grid = parse_grid(args.grid)
     done = {run_identity(r): r for r in read_runs(args.jsonl)}

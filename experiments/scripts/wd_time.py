@@ -86,14 +86,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     common.apply_sets(base, args.set)
     runs, decays = variants(module, base)
     seeds = args.seeds if args.seeds else list(module.SEEDS)
-    unknown = sorted(set(args.only or ()) - set(runs))
-    if unknown:
-        raise ValueError(f"--only: unknown variants {unknown}; the script runs {list(runs)}")
+    chosen = common.select_variants(runs, args.only, in_only_order=False)
     common.check_set_conflicts(args.set, runs, has_grid=False)
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, overrides in runs.items():
-        if args.only and name not in args.only:
-            continue
+    for name, overrides in chosen.items():
         results[name] = []
         for seed in seeds:
             r = common.run_one(base, overrides, seed)

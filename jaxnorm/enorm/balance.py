@@ -332,7 +332,7 @@ def junction_scale(leaves, plan: Plan, p: float, c: Any, count_biases: bool,
     c = jnp.asarray(c, dtype)
     log_d = 0.5 * (log_r - log_l).astype(dtype) - 0.5 * jnp.log(jnp.where(c > 0, c, 1.0))
     log_d = jnp.where(ok & jnp.isfinite(log_d), log_d, 0.0)
-    rest = [s for s in plan.producers if not (count_biases or not s.bias)]  # biases scaled, not counted
+    rest = [s for s in plan.producers if s.bias and not count_biases]  # biases scaled but not counted
     big_producers = jnp.maximum(big_left, _unit_max(leaves, rest, plan.units)) if rest else big_left
     lo, hi = _finite_bounds(leaves, plan, big_producers, big_right, power_of_two)
     if bounds is not None:

@@ -56,13 +56,7 @@ from jaxnorm.train.run_record import (
     run_identity,
     write_json,
 )
-from jaxnorm.train.setup import (
-    TRACE_EXAMPLES,
-    batch_stats_transport,
-    build_optimizer,
-    params_hook_for,
-    with_enorm_spec,
-)
+from jaxnorm.train.setup import batch_stats_transport, build_optimizer, params_hook_for, with_enorm_spec
 from jaxnorm.train.sharding import DataParallel
 from jaxnorm.train.state import TrainState, create_train_state
 from jaxnorm.train.step import make_eval_step, make_train_step
@@ -204,7 +198,7 @@ def train(
     identity = run_identity(model, train_data)
     plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)
-    hook = params_hook_for(cfg, model, images[:TRACE_EXAMPLES])
+    hook = params_hook_for(cfg, model, images)
     tx, schedule = build_optimizer(
         cfg.optimizer,
         model=model,

@@ -171,16 +171,18 @@ def with_teleportation_spec(optimizer: Mapping[str, Any], model: Any, images: ja
     return {**dict(optimizer), "wrapper_kwargs": {**wrapper_kwargs, "teleportation": kwargs}}
 
 
-def params_hook_for(config: Mapping[str, Any], model: Any, sample: jax.Array) -> ParamsHook | None:
+def params_hook_for(config: Mapping[str, Any], model: Any, images: jax.Array) -> ParamsHook | None:
     """The :class:`jaxnorm.train.params_hooks.ParamsHook` the run ``config`` asks for, or ``None``:
     implicit ENorm (``config.implicit_enorm.weight > 0``) over the model's junctions (a chain, or
-    :func:`jaxnorm.enorm.discover` traced in inference mode on ``sample``)."""
+    :func:`jaxnorm.enorm.discover` traced in inference mode on the first :data:`TRACE_EXAMPLES` of
+    ``images``)."""
     block = config.get("implicit_enorm", None)
     check_implicit_enorm(block)
     if not implicit_enorm_enabled(block):
         return None
     from jaxnorm.enorm import chain, discover
 
+    sample = images[:TRACE_EXAMPLES]
     variables = tracing_variables(model, sample)
     try:
         spec = chain(variables["params"])
