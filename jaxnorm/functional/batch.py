@@ -28,7 +28,7 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
 from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
-from jaxnorm.functional.moments import stats_dtype
+from jaxnorm.functional.moments import stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.functional.units import Statistics, needs_tiny_unit, true_variance
@@ -289,6 +289,7 @@ def batch_norm(
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
     options = options._replace(tiny_groups=needs_tiny_unit(epsilon, stats_dtype(x)))
+    out_dtype, x = x.dtype, widened_float16(x)
     mean, var, unit = batch_statistics_with_unit(
         x,
         options,
@@ -304,6 +305,7 @@ def batch_norm(
         var,
         virtual_batch_size=options.virtual_batch_size,
         epsilon=epsilon,
+        dtype=out_dtype,
         unit=unit,
         scaled_deviations=deviations_in_unit(options),
     )

@@ -28,7 +28,7 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import deviations_in_unit
-from jaxnorm.functional.moments import ChannelGroups, stats_dtype
+from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.per_example import per_example_norm, rms_norm
@@ -121,6 +121,7 @@ def batch_norm_layer(
         )
         return BatchNormOutput(y, running_mean, running_var)
 
+    x = widened_float16(x)
     statistics = batch_statistics_with_unit(
         x,
         options._replace(tiny_groups=needs_tiny_unit(epsilon, stats_dtype(x))),

@@ -35,6 +35,7 @@ __all__ = [
     "local_moments",
     "mean_m2_unit",
     "stats_dtype",
+    "widened_float16",
 ]
 
 
@@ -54,6 +55,19 @@ class Moments(NamedTuple):
 
 def stats_dtype(x: jnp.ndarray) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def widened_float16(x: jnp.ndarray) -> jnp.ndarray:
+    """float16 ``x`` as float32 (one conversion), any other ``x`` unchanged.
+
+    The normalizations read ``x`` in several places (statistics, deviations), each widened to float32;
+    differentiated, every place gives its part of the input gradient, and a separate conversion per place
+    casts each part to ``x``'s dtype before they are summed. Parts of ``1 / sigma_hat`` in size exceed
+    float16's range (65504) where their sum need not (tiny groups, ``epsilon`` near 0): ``inf - inf``
+    was NaN. One conversion at the entry sums the parts in float32 and rounds once. bfloat16 keeps its
+    separate conversions (float32's range: its parts overflow only where the gradient does).
+    """
+    return x.astype(jnp.float32) if x.dtype == jnp.float16 else x
 
 
 CONDITION_LIMIT = 32.0

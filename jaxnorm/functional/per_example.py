@@ -32,7 +32,7 @@ from jaxnorm.functional._checks import (
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
 from jaxnorm.functional.last_axis import last_axis_norm
-from jaxnorm.functional.moments import ChannelGroups, stats_dtype
+from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.units import Statistics, huge_unit, in_range, inverse_std, lift_tiny, needs_tiny_unit
@@ -62,6 +62,7 @@ def per_example_norm(
     use_fast_variance = check_bool(use_fast_variance, "use_fast_variance")
     check_axis_name(axis_name)
     mask = check_mask(mask, x)
+    dtype = dtype or x.dtype
     plain = mask is None and groups is None and axis_name is None
     if p == 2 and axes == (x.ndim - 1,) and plain:
         ones = jnp.ones((), stats_dtype(x))
@@ -71,7 +72,8 @@ def per_example_norm(
             jnp.zeros((), ones.dtype) if bias is None else bias,
             epsilon,
         )
-        return y.astype(dtype or x.dtype)
+        return y.astype(dtype)
+    x = widened_float16(x)
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
     mean, var, unit = dispersion_statistics(
