@@ -15,6 +15,7 @@ without that, every eager call re-traced and re-compiled them. Results: ``docs/b
 from __future__ import annotations
 
 import argparse
+import os
 
 import flax.linen as fnn
 import jax
@@ -74,6 +75,10 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda text: parse_row_names(text, known), default=tuple(known),
                         help="comma-separated row names to run, exact (default: all)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be a positive number of samples, got {args.repeats}")
+    if args.clock == "cpu":  # before the backend starts (first computation): XLA then runs one thread
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1
     image = jax.random.normal(jax.random.key(2), _shape(args.image))
     print("\n".join(machine_lines([f"eager calls, clock {args.clock}, repeats {args.repeats}"])))

@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
-    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    repeats = args.repeats if args.repeats is not None else (QUICK_REPEATS if args.quick else REPEATS)
+    if repeats < 1:
+        parser.error(f"--repeats must be a positive number of samples, got {repeats}")
     batch_size = args.batch_size or (8 if args.quick else 100)
     if args.clock == "cpu":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

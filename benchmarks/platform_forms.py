@@ -263,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     shapes = args.shapes or ((norms.QUICK_SHAPE,) if args.quick else norms.SHAPES)
     dtypes = args.dtypes or norms.DTYPES
-    repeats = args.repeats or (norms.QUICK_REPEATS if args.quick else norms.REPEATS)
+    default_repeats = norms.QUICK_REPEATS if args.quick else norms.REPEATS
+    repeats = args.repeats if args.repeats is not None else default_repeats
+    if repeats < 1:
+        parser.error(f"--repeats must be a positive number of samples, got {repeats}")
     if args.clock == "cpu":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     timing_kw = {

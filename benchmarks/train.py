@@ -80,7 +80,7 @@ def _hand_step(model, tx):
             {"params": params, "batch_stats": batch_stats}, x, train=True, mutable=["batch_stats"]
         )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-        return loss, updates["batch_stats"]
+        return loss, updates.get("batch_stats", {})
 
     @jax.jit
     def step(params, batch_stats, opt_state, x, y):
@@ -96,12 +96,17 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--norm", default="bn")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=300, help="steps of each loop run")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None, help="steps of each loop run (300; --quick: 60)")
+    parser.add_argument("--repeats", type=int, default=None, help="5; --quick: 2")
     parser.add_argument("--quick", action="store_true", help="a fast smoke version")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.repeats = 60, 2
+    # explicit --steps / --repeats win over --quick's, as in norms.py
+    args.steps = args.steps if args.steps is not None else (60 if args.quick else 300)
+    args.repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be a positive number of samples, got {args.repeats}")
+    if args.steps < 1:
+        parser.error(f"--steps must be a positive number of steps, got {args.steps}")
     kwargs = {"depth": 3, "width": 256} if args.model == "mlp" else {}
     model = models.create(args.model, num_classes=10, norm=args.norm, **kwargs)
     tx = optax.sgd(0.05, momentum=0.9)
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
 
     # hand-written anchor state
     variables = model.init(jax.random.PRNGKey(0), x[:1], train=False)
-    hand = {"state": (variables["params"], variables["batch_stats"], tx.init(variables["params"]))}
+    hand = {"state": (variables["params"], variables.get("batch_stats", {}), tx.init(variables["params"]))}
     hand_step = _hand_step(model, tx)
 
     def run_hand_fixed():

@@ -54,7 +54,7 @@ def _run(script: str, *args: str) -> str:
             ["| LayerNorm axes | grad |", "| layer | program | ours (s) | flax (s) | ours / flax |"],
             marks=pytest.mark.slow,
         ),
-        ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor"]),
+        ("floor.py", TINY, ["| 4x4x4x32 | float32 |", "sums_one_pass/copy", "floor_l1/floor_separate |"]),
         # one layer: every form is traced and compiled once per pass
         pytest.param(
             "platform_forms.py",
@@ -84,6 +84,14 @@ def _run(script: str, *args: str) -> str:
         ),
         # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
         pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
+        # a model without batch statistics (KeyError 'batch_stats' before); --steps / --repeats win
+        # over --quick's (ignored before)
+        pytest.param(
+            "train.py",
+            ["--quick", "--norm", "none", "--batch", "8", "--steps", "3", "--repeats", "1"],
+            ["loop runs of 3 steps, 1 repeats"],
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             "enorm.py",
             ["--batch", "2", "--width", "4", "--repeats", "1", "--max-cycles", "2"],
@@ -104,3 +112,14 @@ def test_benchmark_script_runs(script, args, expected):
 def test_input_pipeline_benchmark_runs():
     output = _run("input_pipeline.py", "--quick")
     assert "fashion_mnist data vs mlp step" in output
+
+
+@pytest.mark.parametrize("script", ["norms.py", "optim.py", "platform_forms.py", "eager.py", "train.py"])
+def test_zero_repeats_is_an_error(script):
+    """``--repeats 0`` ran the default number of repeats (``args.repeats or default``) instead of saying
+    that it is not a number of samples."""
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--repeats", "0"],
+        capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent,
+    )
+    assert result.returncode == 2 and "--repeats must be" in result.stderr, result.stderr[-2000:]

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from jaxnorm import optim
-from jaxnorm.functional.weight import project_to_norm
+from jaxnorm.functional.weight import project_to_norm, unit_norm
 from jaxnorm.optim import (
     bwn_projection,
     last_scales,
@@ -336,3 +336,114 @@ def test_last_scales_reconstruct_the_stepped_params(name):
 def test_last_scales_without_a_rescaling_state():
     with pytest.raises(ValueError, match="no state of weight_rescaling"):
         last_scales(optax.sgd(0.1).init({"w": jnp.ones((2, 2))}))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Composition with optax's hyperparameter injection and extra arguments; degenerate kernels
+
+
+_PARAMS = {"Dense_0": {"kernel": jnp.ones((4, 3)) + jnp.eye(4, 3), "bias": jnp.zeros(3)},
+           "Dense_1": {"kernel": jnp.ones((3, 2)) + jnp.eye(3, 2), "bias": jnp.zeros(2)}}
+_GRADS = jax.tree.map(lambda x: 0.1 + 0.05 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), _PARAMS)
+
+INJECTED = {
+    "adamp": (optim.adamp, dict(learning_rate=1e-3), ()),
+    "sgdp": (optim.sgdp, dict(learning_rate=0.1, momentum=0.9), ()),
+    "adamwn": (optim.adamwn, dict(learning_rate=1e-3, target=1.0), ()),
+    "decay_to_norm": (optim.decay_to_norm, dict(weight_decay=0.1, target=2.0), ()),
+    "sphere_projection": (optim.sphere_projection, dict(target=2.0), ("unit_axis",)),
+    "radial_projection": (optim.radial_projection, dict(inner=optax.sgd(0.1), delta=0.1), ("inner",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INJECTED))
+def test_inject_hyperparams_under_jit(name):
+    """``optax.inject_hyperparams`` builds the transform again inside every update with the numbers as
+    traced arrays: the construction checks (``float()`` of them) raised a ConcretizationTypeError / a
+    TracerBoolConversionError under ``jit``; now the injected transform gives the plain one's update."""
+    factory, kwargs, static = INJECTED[name]
+    plain = factory(**kwargs)
+    injected = optax.inject_hyperparams(factory, static_args=static)(**kwargs)
+    want, _ = plain.update(_GRADS, plain.init(_PARAMS), _PARAMS)
+    got, _ = jax.jit(injected.update)(_GRADS, injected.init(_PARAMS), _PARAMS)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), got, want)
+
+
+def test_inject_hyperparams_unit_axis_must_be_static():
+    tx = optax.inject_hyperparams(optim.sphere_projection)(target=2.0)
+    with pytest.raises(TypeError, match=r"unit_axis.*static_args"):
+        jax.jit(tx.update)(_GRADS, tx.init(_PARAMS), _PARAMS)
+
+
+@pytest.mark.parametrize("name", ["sphere_projection_in_chain", "enorm"])
+def test_extra_args_reach_reduce_on_plateau(name):
+    """``value=loss`` passes through ``sphere_projection`` (its update took no extra arguments: TypeError)
+    and ``enorm`` forwards it to its inner optimizer (it dropped them: reduce_on_plateau missed ``value``)."""
+    plateau = optax.contrib.reduce_on_plateau(patience=1, factor=0.5)
+    if name == "enorm":
+        tx = optim.enorm(optax.chain(optax.sgd(0.1), plateau))
+    else:
+        tx = optax.chain(optax.sgd(0.1), optim.sphere_projection(), plateau)
+    state = tx.init(_PARAMS)
+    for loss in (1.0, 2.0, 3.0, 4.0):  # worse every step: the plateau halves the scale
+        _, state = tx.update(_GRADS, state, _PARAMS, value=jnp.float32(loss))
+    scales = [s.scale for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "plateau_count"))
+              if hasattr(s, "plateau_count")]
+    assert scales and float(scales[0]) < 1.0, scales
+
+
+_LR = lambda t: 0.1
+
+
+@pytest.mark.parametrize(("fn", "kwargs", "match"), [
+    (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=np.inf), "base_learning_rate"),
+    (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=True), "base_learning_rate"),
+    (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate="0.2"), "base_learning_rate"),
+    (norm_schedule_from_lr, dict(learning_rate=lambda t: float("nan")), r"learning_rate\(0\)"),
+    (weight_rescaling, dict(tau=2, inner=optax.sgd(0.1), rescale_state="no"), "rescale_state"),
+    (optim.adamwn, dict(learning_rate=-1e-3), "learning_rate"),
+    (optim.adamwn, dict(learning_rate=float("nan")), "learning_rate"),
+    (optim.adamwn, dict(learning_rate=1e-3, b1=1.5), "b1"),
+    (optim.adamwn, dict(learning_rate=1e-3, b2=-1.0), "b2"),
+    (optim.adamwn, dict(learning_rate=1e-3, eps=-1.0), "eps"),
+])
+def test_malformed_arguments_rejected_at_construction(fn, kwargs, match):
+    """Accepted before, and then inf / NaN kernels (``base_learning_rate=inf``, ``adamwn`` with a NaN rate
+    or ``b2 < 0``) or the wrong branch (``rescale_state="no"`` ran as True)."""
+    with pytest.raises((TypeError, ValueError), match=match):
+        fn(**kwargs)
+
+
+ZERO_SIZE_TRANSFORMS = {
+    "weight_rescaling": lambda: optax.chain(optax.sgd(0.1), weight_rescaling(1)),
+    "bwn_projection": lambda: optax.chain(optax.sgd(0.1), bwn_projection(rho=1.0)),
+    "sphere_projection": lambda: optax.chain(optax.sgd(0.1), optim.sphere_projection()),
+    "decay_to_norm": lambda: optax.chain(optim.decay_to_norm(0.1, 1.0), optax.sgd(0.1)),
+    "adamp": lambda: optim.adamp(1e-3),
+    "sgdp": lambda: optim.sgdp(0.1),
+    "norm_schedule": lambda: optax.chain(optax.sgd(0.1), norm_schedule(lambda t: 2.0)),
+}
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3), (3, 0)])
+@pytest.mark.parametrize("name", sorted(ZERO_SIZE_TRANSFORMS))
+def test_kernel_with_an_empty_axis_passes_unchanged(name, shape):
+    """A kernel with an axis of length 0 has nothing to rescale or project (its update is empty); the
+    other leaves get the update they get without it. Before: "zero-size array to reduction operation
+    max" / ZeroDivisionError from inside the transform."""
+    params = {"empty": jnp.zeros(shape), **_PARAMS}
+    grads = {"empty": jnp.ones(shape), **_GRADS}
+    tx = ZERO_SIZE_TRANSFORMS[name]()
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert updates["empty"].shape == shape
+    reference = ZERO_SIZE_TRANSFORMS[name]()
+    want, _ = reference.update(_GRADS, reference.init(_PARAMS), _PARAMS)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
+                 {k: v for k, v in updates.items() if k != "empty"}, want)
+
+
+def test_unit_norm_of_units_without_entries():
+    """``unit_norm`` of a kernel whose input axes have length 0: each unit's norm is 0 (``sqrt(epsilon)``)."""
+    np.testing.assert_array_equal(unit_norm(jnp.zeros((0, 3))), np.zeros(3))
+    np.testing.assert_allclose(unit_norm(jnp.zeros((2, 0, 3)), epsilon=1e-4), np.full(3, 1e-2), rtol=1e-6)
+    assert unit_norm(jnp.zeros((3, 0))).shape == (0,)

@@ -230,3 +230,46 @@ def test_reference_holding_only_the_recorded_kernels_equals_the_full_tree():
     assert not np.allclose(outs[1]["dense"]["kernel"], 1.0)
     np.testing.assert_array_equal(outs[1]["head"]["kernel"], 1.0)  # not recorded: unchanged
 
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 1e19, 1e-21])
+def test_wd_mimicry_ratio_at_huge_and_tiny_norms(magnitude):
+    """The ratio ``||w||^2 / ||w_ref||^2`` is an ordinary number (0.25 here) at every magnitude: it was
+    the quotient of float32 squares, NaN (inf / inf, 0 / 0) from norms of 1.8e19 on and below 1.1e-19."""
+    p = jnp.full((4, 2), magnitude, jnp.float32)  # unit norms 2 * magnitude
+    ref = jnp.full((3, 2), 4 * magnitude, jnp.float32)
+    tx = optax.chain(optax.sgd(0.1), wd_mimicry({"k": ref}))
+    g = jnp.ones((4, 2), jnp.float32)
+    u, _ = tx.update({"k": g}, tx.init({"k": p}), {"k": p})
+    np.testing.assert_allclose(np.asarray(u["k"]), -0.1 * 0.25, rtol=1e-6)
+
+
+def test_wd_mimicry_dead_unit_with_decayed_reference():
+    """A unit with zero gradient whose reference norm decayed towards 0 under WD (1e-19, ratio ~2.5e37, finite
+    in float32) gets the update 0, not NaN (0 * inf before)."""
+    p = jnp.full((4, 2), 0.5, jnp.float32)
+    tx = optax.chain(optax.sgd(0.1), wd_mimicry({"k": jnp.full((3, 2), 1e-19, jnp.float32)}))
+    u, _ = tx.update({"k": jnp.zeros((4, 2))}, tx.init({"k": p}), {"k": p})
+    np.testing.assert_array_equal(np.asarray(u["k"]), 0.0)
+
+
+def test_reference_schedule_with_final_params_reproduces_the_last_norms(x64):
+    """``record_norms(T)`` ends at ``w_ref(T - 1)``; with the reference's ``final_params`` the schedule's row
+    for the last update is ``||w_ref(T)||``, so the mimicking run ends at the reference's final norms (it
+    ended 2-3 % off, at ``||w_ref(T - 1)||``); without them the earlier steps are unchanged."""
+    ref_tx = optax.chain(record_norms(STEPS), optax.add_decayed_weights(5e-2), optax.sgd(0.5))
+    ref_state, _, ref_history = _run(ref_tx)
+    ref_params = ref_history[-1]
+    reference = ref_state[0].norms
+    kernels = jax.tree.map(lambda w: w.ndim >= 2, ref_params)
+    final_norms = jax.tree.map(_np_unit_norm, ref_params)
+    for final_params, close in ((ref_params, True), (None, False)):
+        schedule = reference_schedule(reference, final_params=final_params)
+        params = _run(optax.chain(optax.sgd(0.5), norm_schedule(schedule, mask=kernels)))[2][-1]
+        for name in params:
+            got, want = _np_unit_norm(params[name]["kernel"]), final_norms[name]["kernel"]
+            relative = np.max(np.abs(got / want - 1))  # recorded norms are float32
+            assert relative < 1e-6 if close else relative > 1e-3, (name, final_params is None, relative)
+    with pytest.raises(ValueError, match="final_params"):
+        bad = jax.tree.map(lambda w: w[..., :1], ref_params)
+        reference_schedule(reference, final_params=bad)

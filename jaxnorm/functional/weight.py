@@ -61,7 +61,8 @@ def _unit_scale(w32: jnp.ndarray, axes: tuple[int, ...], epsilon: float) -> tupl
     flushes subnormals to zero). Every formula is homogeneous in ``c``, so ``c`` is a constant for
     differentiation (``stop_gradient``) and the gradients stay exact.
     """
-    m = jnp.maximum(jnp.max(jnp.abs(w32), axis=axes, keepdims=True), math.sqrt(epsilon))
+    # initial=0: a unit with no entries (an input axis of length 0) has norm sqrt(epsilon)
+    m = jnp.maximum(jnp.max(jnp.abs(w32), axis=axes, keepdims=True, initial=0.0), math.sqrt(epsilon))
     bound = -jnp.finfo(w32.dtype).minexp - 1
     exponent = jnp.clip(jnp.frexp(m)[1], -bound, bound)
     one = jnp.ones_like(m)

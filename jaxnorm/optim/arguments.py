@@ -12,6 +12,7 @@ import numpy as np
 __all__ = [
     "check_bool",
     "check_in_range",
+    "check_learning_rate",
     "check_non_negative",
     "check_positive",
     "check_positive_tree",
@@ -28,7 +29,13 @@ def is_scalar_number(value: Any) -> bool:
 def check_in_range(
     value: Any, name: str, fn_name: str, *, low: float, high: float, closed_high: bool
 ) -> float:
-    """``value`` as a float in ``[low, high]`` (or ``[low, high)``), else a ValueError naming ``name``."""
+    """``value`` as a float in ``[low, high]`` (or ``[low, high)``), else a ValueError naming ``name``.
+
+    A traced value (``optax.inject_hyperparams`` builds the transform again inside each update, with the
+    injected numbers as arrays) is returned as it is: it was checked concretely when the state was built.
+    """
+    if isinstance(value, jax.core.Tracer):
+        return value
     v = float(value) if is_scalar_number(value) else math.nan
     inside = low <= v <= high if closed_high else low <= v < high
     if not inside:
@@ -45,9 +52,17 @@ def check_non_negative(value: Any, name: str, fn_name: str) -> float:
 def check_positive(value: Any, name: str, fn_name: str) -> float:
     """A finite number ``> 0``."""
     v = check_non_negative(value, name, fn_name)
+    if isinstance(v, jax.core.Tracer):
+        return v
     if v <= 0:
         raise ValueError(f"{fn_name}: {name} must be a positive number, got {value!r}")
     return v
+
+
+def check_learning_rate(learning_rate: Any, fn_name: str) -> None:
+    """A number ``>= 0`` or a schedule (a callable of the step count)."""
+    if not callable(learning_rate):
+        check_non_negative(learning_rate, "learning_rate", fn_name)
 
 
 def check_bool(value: Any, name: str, fn_name: str) -> bool:

@@ -118,6 +118,8 @@ def enorm(
     if not isinstance(count_biases, bool | np.bool_):
         raise ValueError(f"enorm: count_biases must be True or False, got {count_biases!r}")
 
+    with_extra_args = optax.with_extra_args_support(inner)
+
     def junctions(params: PyTree) -> Sequence[Junction]:
         return chain(params) if spec is None else spec
 
@@ -131,10 +133,10 @@ def enorm(
         return EnormState(count=jnp.zeros([], jnp.int32), inner_state=inner_state)
 
     def update_fn(updates: PyTree, state: EnormState, params: PyTree | None = None, **extra_args):
-        del extra_args
         check_updates(updates, params, "enorm")
         the_spec = junctions(params)
-        updates, inner_state = inner.update(updates, state.inner_state, params)
+        # optax's extra arguments (value=loss for reduce_on_plateau, ...) go on to the inner optimizer
+        updates, inner_state = with_extra_args.update(updates, state.inner_state, params, **extra_args)
         stepped = optax.apply_updates(params, updates)
         count = optax.safe_int32_increment(state.count)
 

@@ -249,7 +249,9 @@ def wd_mimicry(
         ):
             if flag:
                 target = jnp.asarray(ref)[jnp.clip(index, 0, jnp.shape(ref)[0] - 1)]
-                ratio = jnp.square(unit_norm(p)) / jnp.square(jnp.where(target > 0, target, 1.0))
+                # the square of the quotient: squaring each norm first overflows from 1.8e19 and
+                # underflows below 1.1e-19 (inf / inf, 0 / 0: NaN) where the ratio is ordinary
+                ratio = jnp.square(unit_norm(p) / jnp.where(target > 0, target, 1.0))
                 ratio = ratio / (1.0 - decay)
                 u = (u * jnp.where(target > 0, ratio, 1.0)).astype(u.dtype)
             new_updates.append(u)
@@ -258,18 +260,44 @@ def wd_mimicry(
     return pure_transform(init_fn, update_fn)
 
 
-def reference_schedule(reference_norms: PyTree, *, every: int = 1) -> Callable[[jax.Array], PyTree]:
+def reference_schedule(
+    reference_norms: PyTree, *, every: int = 1, final_params: PyTree | None = None
+) -> Callable[[jax.Array], PyTree]:
     """A schedule for :func:`jaxnorm.optim.norm_schedule` that reproduces recorded norms.
 
     ``norm_schedule`` calls it with the count ``t`` before update ``t`` and projects the params that
-    update produces, ``w(t + 1)``; so it returns row ``min((t + 1) // every, T - 1)``: the
-    reference's norms after the same number of steps. Use it with ``mask`` selecting the recorded
-    kernels (leaves without a reference are ``None``).
+    update produces, ``w(t + 1)``; so it returns row ``(t + 1) // every``: the reference's norms after
+    the same number of steps. :func:`record_norms` sees the params before each update only, so a
+    recording of ``T`` updates ends at ``w_ref(T - 1)``: pass the reference run's final params as
+    ``final_params`` to append their norms, ``w_ref(T)``, as the row of the last update (without it the
+    last update is projected to the norms before the reference's last update, rows past the end
+    clipped to the last). Use it with ``mask`` selecting the recorded kernels (leaves without a
+    reference are ``None``).
     """
     _check_every(every, "reference_schedule")
     every = int(every)
+    if final_params is not None:
+        reference_norms = _append_final_norms(reference_norms, final_params)
 
     def schedule(count):
         return _reference_row(reference_norms, (count + 1) // every)
 
     return schedule
+
+
+def _append_final_norms(reference: PyTree, final_params: PyTree) -> PyTree:
+    """``reference`` (either layout of :func:`_flatten_reference`) in the params' structure, each
+    recorded ``(T, out)`` array followed by the unit norms of the final params' kernel."""
+    flat = _flatten_reference(reference, final_params, "reference_schedule")
+    treedef = jax.tree.structure(final_params)
+    appended = []
+    for ref, p in zip(flat, treedef.flatten_up_to(final_params), strict=True):
+        if ref is not None:
+            if jnp.ndim(ref) != 2 or jnp.shape(ref)[1] != jnp.shape(p)[-1]:
+                raise ValueError(
+                    f"reference_schedule: final_params has a kernel of shape {jnp.shape(p)} where the "
+                    f"reference norms have shape {jnp.shape(ref)}, expected (T, {jnp.shape(p)[-1]})"
+                )
+            ref = jnp.concatenate([jnp.asarray(ref), unit_norm(p).astype(jnp.asarray(ref).dtype)[None]])
+        appended.append(ref)
+    return treedef.unflatten(appended)

@@ -25,7 +25,13 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.functional.weight import unit_norm
-from jaxnorm.optim.arguments import check_bool, check_non_negative
+from jaxnorm.optim.arguments import (
+    check_bool,
+    check_in_range,
+    check_learning_rate,
+    check_non_negative,
+    check_positive,
+)
 from jaxnorm.optim.rescaling import MaskOrFn, check_updates, pure_transform, resolve_mask
 
 __all__ = ["DecayToNormState", "adamwn", "decay_to_norm"]
@@ -119,6 +125,11 @@ def adamwn(
     ``chain(scale_by_adam(b1, b2, eps), decay_to_norm(weight_decay, target), scale_by_learning_rate)``.
     ``target=0`` is ``optax.adamw(learning_rate, b1, b2, eps, weight_decay, mask=...)`` (leaves of rank
     >= 2 decayed by default)."""
+    fn_name = "adamwn"
+    check_learning_rate(learning_rate, fn_name)
+    b1 = check_in_range(b1, "b1", fn_name, low=0.0, high=1.0, closed_high=False)
+    b2 = check_in_range(b2, "b2", fn_name, low=0.0, high=1.0, closed_high=False)
+    eps = check_positive(eps, "eps", fn_name)
     return optax.chain(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
         decay_to_norm(weight_decay, target, per_unit=per_unit, mask=mask),

@@ -35,7 +35,7 @@ import optax
 
 from jaxnorm.functional.weight import project_to_norm, unit_norm
 from jaxnorm.optim import landing
-from jaxnorm.optim.arguments import check_positive_tree
+from jaxnorm.optim.arguments import check_positive, check_positive_tree
 from jaxnorm.optim.rescaling import (
     MaskOrFn,
     check_updates,
@@ -345,10 +345,10 @@ def norm_schedule_from_lr(
         raise TypeError(
             f"norm_schedule_from_lr: learning_rate must be a schedule (count -> eta), got {learning_rate!r}"
         )
-    base = float(learning_rate(0) if base_learning_rate is None else base_learning_rate)
-    if not base > 0:
-        what = "learning_rate(0)" if base_learning_rate is None else "base_learning_rate"
-        raise ValueError(f"norm_schedule_from_lr: {what} must be positive, got {base}")
+    what = "learning_rate(0)" if base_learning_rate is None else "base_learning_rate"
+    base = check_positive(
+        learning_rate(0) if base_learning_rate is None else base_learning_rate, what, "norm_schedule_from_lr"
+    )
 
     def init_fn(params: PyTree) -> NormScheduleState:
         flags = resolve_mask(mask, params, "norm_schedule_from_lr")

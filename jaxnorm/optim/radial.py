@@ -34,7 +34,13 @@ import numpy as np
 import optax
 
 from jaxnorm.functional.weight import unit_norm
-from jaxnorm.optim.arguments import check_bool, check_in_range, check_non_negative, check_positive
+from jaxnorm.optim.arguments import (
+    check_bool,
+    check_in_range,
+    check_learning_rate,
+    check_non_negative,
+    check_positive,
+)
 from jaxnorm.optim.rescaling import (
     MaskOrFn,
     check_inner,
@@ -102,7 +108,7 @@ def project_radial(
     per unit, ``False``: leave ``u``. ``choice`` is one of ``NOT_PROJECTED``, ``PROJECTED_UNITS``,
     ``PROJECTED_LAYER`` (an int32 scalar). ``u'`` has ``u``'s dtype.
     """
-    if selected is False or jnp.ndim(w) < 2:
+    if selected is False or jnp.ndim(w) < 2 or jnp.size(w) == 0:  # size 0: nothing to project
         return u, jnp.asarray(NOT_PROJECTED, jnp.int32)
     w32, g32, u32 = _wide(w), _wide(g), _wide(u)
     unit_axes = tuple(range(w.ndim - 1))
@@ -122,11 +128,6 @@ def project_radial(
     choice = jnp.where(by_units, PROJECTED_UNITS, jnp.where(by_layer, PROJECTED_LAYER, NOT_PROJECTED))
     out = jnp.where(by_units, projected_units, jnp.where(by_layer, projected_layer, u32))
     return out.astype(u.dtype), choice.astype(jnp.int32)
-
-
-def _check_learning_rate(learning_rate: Any, fn_name: str) -> None:
-    if not callable(learning_rate):
-        check_non_negative(learning_rate, "learning_rate", fn_name)
 
 
 def _check_mask(mask: Any, fn_name: str) -> None:
@@ -297,7 +298,7 @@ def adamp(
         ``params -> bool tree``); ``None``: every leaf, as the authors' code on one param group.
     """
     fn_name = "adamp"
-    _check_learning_rate(learning_rate, fn_name)
+    check_learning_rate(learning_rate, fn_name)
     b1 = check_in_range(b1, "b1", fn_name, low=0.0, high=1.0, closed_high=False)
     b2 = check_in_range(b2, "b2", fn_name, low=0.0, high=1.0, closed_high=False)
     eps = check_positive(eps, "eps", fn_name)
@@ -343,7 +344,7 @@ def sgdp(
     that get weight decay (``None``: all), as in :func:`adamp`.
     """
     fn_name = "sgdp"
-    _check_learning_rate(learning_rate, fn_name)
+    check_learning_rate(learning_rate, fn_name)
     momentum = check_in_range(momentum, "momentum", fn_name, low=0.0, high=1.0, closed_high=False)
     dampening = check_in_range(dampening, "dampening", fn_name, low=0.0, high=1.0, closed_high=True)
     weight_decay = check_non_negative(weight_decay, "weight_decay", fn_name)

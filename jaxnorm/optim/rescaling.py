@@ -41,7 +41,7 @@ import optax
 from jaxnorm.functional.weight import unit_norm
 from jaxnorm.optim import landing
 from jaxnorm.optim import state as state_lib
-from jaxnorm.optim.arguments import check_steps
+from jaxnorm.optim.arguments import check_bool, check_steps
 
 __all__ = [
     "WeightRescalingState",
@@ -131,7 +131,8 @@ def resolve_mask(mask: MaskOrFn, params: PyTree, fn_name: str) -> PyTree:
     """Turn ``mask`` (``None``, a bool tree or a callable, as in ``optax.masked``) into a bool tree.
 
     Checks that the mask has the params' structure and that every selected leaf is a kernel of rank
-    >= 2 with a floating dtype, raising a ``ValueError`` / ``TypeError`` that names the leaf.
+    >= 2 with a floating dtype, raising a ``ValueError`` / ``TypeError`` that names the leaf. Selected
+    kernels of size 0 come out unselected.
     """
     if mask is None:
         mask = default_mask
@@ -159,7 +160,9 @@ def resolve_mask(mask: MaskOrFn, params: PyTree, fn_name: str) -> PyTree:
                 raise TypeError(
                     f"{fn_name}: params{path} has dtype {jnp.result_type(leaf)}, expected floating"
                 )
-        flags.append(selected)
+        # a kernel with an axis of length 0 has nothing to rescale or project: its (empty) update
+        # passes unchanged, as for an unselected leaf
+        flags.append(selected and jnp.size(leaf) > 0)
     return params_def.unflatten(flags)
 
 
@@ -269,6 +272,7 @@ def weight_rescaling(
       Eq. 10.
     """
     check_steps(tau, "tau", "weight_rescaling")
+    check_bool(rescale_state, "rescale_state", "weight_rescaling")
     if inner is not None:
         check_inner(inner, "weight_rescaling")
     if rescale_state and inner is None:

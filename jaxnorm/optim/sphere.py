@@ -53,8 +53,8 @@ def _is_sqrt_fan_in(target: Any) -> bool:
 
 
 def _check_target(target: Any) -> None:
-    if callable(target) or _is_sqrt_fan_in(target):
-        return
+    if callable(target) or _is_sqrt_fan_in(target) or isinstance(target, jax.core.Tracer):
+        return  # a traced target (optax.inject_hyperparams) was checked when the state was built
     if not is_scalar_number(target) or not (math.isfinite(float(target)) and float(target) > 0):
         raise ValueError(
             "sphere_projection: target must be a positive finite number, 'sqrt_fan_in' or a schedule "
@@ -63,6 +63,11 @@ def _check_target(target: Any) -> None:
 
 
 def _check_unit_axis(unit_axis: Any) -> int:
+    if isinstance(unit_axis, jax.core.Tracer):
+        raise TypeError(
+            "sphere_projection: unit_axis is an axis, not a hyperparameter: optax.inject_hyperparams "
+            "injects every numeric argument, defaults included; pass static_args=('unit_axis',)"
+        )
     if isinstance(unit_axis, bool) or not hasattr(unit_axis, "__index__"):
         raise TypeError(f"sphere_projection: unit_axis must be an int, got {unit_axis!r}")
     return int(unit_axis)
@@ -125,7 +130,8 @@ def sphere_projection(
         )
         return SphereProjectionState(count=jnp.zeros([], jnp.int32), scales=ones_scales(moved_params, flags))
 
-    def update_fn(updates, state, params=None):
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
         check_updates(updates, params, "sphere_projection")
         flags = resolve_mask(mask, params, "sphere_projection")
         _check_leaf_axes(params, flags, unit_axis)
