@@ -234,7 +234,7 @@ def test_norm_schedule_from_lr_zero_rate_and_errors():
     np.testing.assert_allclose(_np_unit_norm(moved), 2.0, rtol=1e-6)
     with pytest.raises(ValueError, match=r"learning_rate\(0\) must be (a positive number|a number in)"):
         norm_schedule_from_lr(warmup)
-    with pytest.raises(ValueError, match="base_learning_rate must be (a positive number|a number in)"):
+    with pytest.raises(ValueError, match=r"base_learning_rate must be (a positive number|a number in)"):
         norm_schedule_from_lr(warmup, base_learning_rate=-1.0)
     with pytest.raises(TypeError, match="learning_rate must be a schedule"):
         norm_schedule_from_lr(0.1)

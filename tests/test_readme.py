@@ -50,3 +50,18 @@ def test_readme_python_blocks_run(page, tmp_path, monkeypatch):
     for line, block in blocks:
         # leading newlines keep the page's line numbers in tracebacks
         exec(compile("\n" * line + block, str(page), "exec"), namespace)
+
+
+def test_enorm_mlp_example_runs(tmp_path):
+    """``examples/enorm_mlp.py`` (README, docs/enorm.md) runs, keeps the function (its own assertion) and
+    writes its figure."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "enorm_mlp.png"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "enorm_mlp.py"), "--out", str(out), "--cycles", "5"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "max |f_balanced - f|" in result.stdout and out.stat().st_size > 0
