@@ -580,3 +580,26 @@ def test_equilibrium_angle_accepts_arrays_and_jit():
         dg.equilibrium_angular_update(0.1, 5e-4, momentum=jnp.asarray([0.5, 1.0]))
     with pytest.raises(ValueError, match="weight_decay must be a real number"):
         dg.equilibrium_angular_update(0.1, np.array([True]))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_generalized_gaussian_fit_of_a_sample_with_nan_or_inf_is_nan(bad):
+    """A diverged kernel has no fit: NaN ``beta`` and ``scale``. A NaN made ``max |x|`` NaN, the all-zero
+    branch ran, and the fit read ``beta = 0.05, scale = 0`` ("maximally sparse"), like an all-zero kernel."""
+    x = np.random.default_rng(0).laplace(size=1000).astype(np.float32)
+    x[17] = bad
+    fit = dg.fit_generalized_gaussian(jnp.asarray(x))
+    assert np.isnan(float(fit.beta)) and np.isnan(float(fit.scale))
+    zeros = dg.fit_generalized_gaussian(jnp.zeros(10))
+    assert float(zeros.beta) == np.float32(0.05) and float(zeros.scale) == 0.0
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    (dict(beta_range="12"), ValueError), (dict(beta_range=(True, 2)), ValueError),
+    (dict(x=jnp.ones(4, jnp.complex64)), TypeError),
+])
+def test_generalized_gaussian_fit_malformed_arguments(kwargs, error):
+    """``beta_range="12"`` and ``(True, 2)`` were read as (1, 2); complex ``x`` failed inside ``ldexp``."""
+    kwargs = {"x": jnp.arange(4.0), **kwargs}
+    with pytest.raises(error, match=r"beta_range|x must hold real numbers"):
+        dg.fit_generalized_gaussian(kwargs.pop("x"), **kwargs)

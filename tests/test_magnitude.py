@@ -122,6 +122,7 @@ def test_unit_variance_in_unit_variance_out():
         (lambda: F.mp_sum(jnp.ones(2), jnp.ones(2), 1.5), r"t must be a number in \[0, 1\]"),
         (lambda: F.mp_concat(jnp.ones((2, 2)), jnp.ones(2)), "same rank"),
         (lambda: F.mp_concat(jnp.ones(2), jnp.ones(2), axis=1), "axis must be an int"),
+        (lambda: F.mp_concat(jnp.ones((4, 0)), jnp.ones((4, 8))), "both have elements along axis 1"),
         (lambda: jnnx.MPDense(3, 2, gain=-1.0, rngs=nnx.Rngs(0)), "gain"),
         (lambda: jnn.MPDense(2, gain=-1.0).init(jax.random.key(0), jnp.ones((1, 3))), "gain"),
     ],
@@ -151,3 +152,51 @@ def test_linen_and_nnx_layers_agree_and_compute_x_at_mp_weight(conv):
     else:
         expected = x @ kernel
     np.testing.assert_allclose(linen.apply(variables, x), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: F.mp_concat(jnp.ones(2, jnp.int32), jnp.ones(2, jnp.int32)), "a must have a floating dtype"),
+    (lambda: F.mp_concat([1.0, 2.0], jnp.ones(2)), "a must be an array"),
+    (lambda: jnnx.NormPropDense(3, 2, activation="no", rngs=nnx.Rngs(0)), "activation must be True or False"),
+    (lambda: jnn.NormPropDense(2, activation="False").init(jax.random.key(0), jnp.ones((1, 3))),
+     "activation must be True or False"),
+])
+def test_bad_argument_types_are_named(call, message):
+    """Accepted before: integer / bool inputs to ``mp_concat`` came out as floats, and ``activation="no"``
+    switched NormProp's normalized ReLU on."""
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("entry", [1e37, 1e38, 1.5e38])
+def test_mp_weight_of_a_unit_near_the_largest_float(dtype, entry):
+    """Units of norm ``2 * entry``: ``mp_weight(v, gain=1, epsilon=0)`` is 0.5 everywhere and
+    ``mp_normalize`` 1.0 (float64: ``v / ||v||``). The quotient by a per-unit scale >= 2^126 was a product
+    by its reciprocal, flushed to zero: the whole kernel came out 0 from norms of 1e38 on."""
+    v = jnp.full((4, 2), entry, dtype)
+    np.testing.assert_allclose(np.asarray(F.mp_weight(v, 1.0, epsilon=0.0), np.float64), 0.5, rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(F.mp_normalize(v, epsilon=0.0), np.float64), 1.0, rtol=1e-2)
+    jitted = jax.jit(lambda v: F.mp_weight(v, 1.0, epsilon=0.0))(v)
+    np.testing.assert_allclose(np.asarray(jitted, np.float64), 0.5, rtol=1e-2)
+
+
+def test_zero_unit_at_epsilon_zero_is_zero_with_a_zero_gradient():
+    """``epsilon=0`` (accepted, and in the docs): a zero unit maps to 0, as in ``weight_norm``, and its
+    kernel gradient is 0 (``0 / 0``: NaN before)."""
+    v = jnp.asarray([[1.0, 0.0], [2.0, 0.0], [2.0, 0.0]])
+    for fn in (lambda v: F.mp_weight(v, epsilon=0.0), lambda v: F.mp_normalize(v, epsilon=0.0)):
+        np.testing.assert_array_equal(np.asarray(fn(v))[:, 1], 0.0)
+        grad = jax.grad(lambda v, fn=fn: jnp.sum(fn(v) * jnp.arange(6.0).reshape(3, 2)))(v)
+        assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[:, 1] == 0)
+
+
+@pytest.mark.parametrize("fn", ["mp_silu", "normprop_relu"])
+def test_bfloat16_activations_are_rounded_once(fn):
+    """bfloat16 input: the float32 result rounded once to bfloat16 (the constants were rounded to bfloat16
+    first: ``mp_silu(1.0)`` one bfloat16 ulp low, its second moment 0.5 % low)."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=4096), jnp.bfloat16)
+    got = getattr(F, fn)(x)
+    want = getattr(F, fn)(x.astype(jnp.float32)).astype(jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

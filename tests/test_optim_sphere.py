@@ -151,3 +151,20 @@ def test_float64_kernels_land_on_the_float64_target(x64, target, norm):
     updates, _ = tx.update({"w": jnp.zeros((6, 3))}, tx.init(params), params)
     landed = np.asarray(optax.apply_updates(params, updates)["w"])
     np.testing.assert_allclose(np.linalg.norm(landed, axis=0), norm, rtol=1e-14)
+
+
+@pytest.mark.parametrize("norm", [1e38, 3e38])
+@pytest.mark.parametrize("name", ["sphere_projection", "weight_rescaling"])
+def test_a_unit_near_the_largest_float_is_left_alone_not_zeroed(name, norm):
+    """A float32 unit of norm >= 2^126 cannot land on norm 1 (entries ~1e38 leave no float32 update that
+    reaches it), so it stays as the plain step leaves it, scale 1, as a unit of norm 1e37 does. Its target
+    ``w / s`` was a product by the subnormal ``1 / s``, flushed to 0, and the unit "landed" on zero: it was
+    zeroed for good (zero units are never projected again)."""
+    p = {"k": jnp.full((4, 2), norm / 2, jnp.float32)}
+    tx = (jaxnorm.optim.sphere_projection(1.0) if name == "sphere_projection"
+          else jaxnorm.optim.weight_rescaling(1))
+    tx = optax.chain(optax.sgd(0.1), tx)
+    updates, state = tx.update({"k": jnp.zeros((4, 2))}, tx.init(p), p)
+    new = optax.apply_updates(p, updates)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(new["k"], np.float64), axis=0), norm, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(jaxnorm.optim.last_scales(state)["k"]), 1.0)

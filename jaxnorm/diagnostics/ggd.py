@@ -67,7 +67,7 @@ def fit_generalized_gaussian(
 
     Returns:
       :class:`GeneralizedGaussianFit` of scalars. All-zero ``x`` gives ``beta = beta_range[0]``,
-      ``scale = 0``.
+      ``scale = 0``; ``x`` holding a NaN or an infinity gives NaN ``beta`` and ``scale``.
 
     Raises:
       ValueError: ``beta_range``, ``num_iters`` or a concrete ``loc`` malformed, or ``x`` with fewer
@@ -86,6 +86,10 @@ def fit_generalized_gaussian(
         real = np.issubdtype(loc_value.dtype, np.integer) or np.issubdtype(loc_value.dtype, np.floating)
         if loc_value.shape != () or not real or not np.isfinite(loc_value):
             raise ValueError(f"fit_generalized_gaussian: loc must be None or a finite number, got {loc!r}")
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating) and not jnp.issubdtype(
+        jnp.result_type(x), jnp.integer
+    ):
+        raise TypeError(f"fit_generalized_gaussian: x must hold real numbers, got dtype {jnp.result_type(x)}")
     if jnp.size(x) < 2:
         raise ValueError(f"fit_generalized_gaussian: x needs at least 2 values, got shape {jnp.shape(x)}")
     dtype = jnp.promote_types(jnp.result_type(x), jnp.float32)
@@ -115,12 +119,17 @@ def fit_generalized_gaussian(
     beta = jnp.where(unit, jnp.exp(0.5 * (lo + hi)), jnp.asarray(low, dtype))
     _, s = _shape_equation(beta, y, log_y, positive)
     scale = jnp.where(unit, largest * (beta * s) ** (1.0 / beta), 0.0)
+    # a NaN or infinite value (a diverged kernel) has no fit: NaN, not the all-zero answer
+    finite = jnp.isfinite(largest)
+    beta, scale = (jnp.where(finite, v, jnp.nan) for v in (beta, scale))
     return GeneralizedGaussianFit(beta=beta, scale=scale, loc=mu)
 
 
 def _check_beta_range(beta_range: object) -> tuple[float, float]:
     """``(low, high)``: two finite real numbers with ``0 < low < high``."""
     try:
+        if isinstance(beta_range, str | bytes) or any(isinstance(b, bool | str) for b in beta_range):
+            raise TypeError
         low, high = beta_range
         low, high = float(low), float(high)
     except (TypeError, ValueError):

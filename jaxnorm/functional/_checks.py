@@ -31,8 +31,14 @@ def canonical_p(p: object, name: str = "p") -> PNorm:
 
 
 def check_floating(x: jnp.ndarray, name: str = "x") -> None:
-    """Raise ``TypeError`` unless ``x`` has a floating dtype."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+    """Raise ``TypeError`` unless ``x`` is an array (or scalar) with a floating dtype."""
+    try:
+        if x is None:
+            raise TypeError
+        dtype = jnp.result_type(x)
+    except TypeError:  # a list, None, a string: no dtype at all
+        raise TypeError(f"{name} must be an array with a floating dtype, got {type(x).__name__}") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(
             f"{name} must have a floating dtype (float32, bfloat16, float16, float64), "
             f"got {jnp.result_type(x)}; cast it first, e.g. {name}.astype(jnp.float32)"

@@ -51,13 +51,28 @@ def _unit_rms(v: jnp.ndarray, epsilon: float) -> jnp.ndarray:
     return check_epsilon(epsilon) + unit_norm(v) / math.sqrt(fan_in)
 
 
+def _per_unit_quotient(v: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """``v / scale`` per unit (``scale`` of shape ``(out,)``), 0 for units of scale 0.
+
+    XLA turns a division by a broadcast value into a product by its reciprocal, which is subnormal, and
+    flushed to 0, for ``scale >= 2^126`` (float32): such units divide twice by ``sqrt(scale)`` instead.
+    A zero unit at ``epsilon = 0`` has ``scale = 0``: 0, not ``0 / 0``, with a zero gradient.
+    """
+    positive = scale > 0
+    safe = jnp.where(positive, scale, jnp.ones_like(scale))
+    huge = safe >= 2.0 ** (jnp.finfo(safe.dtype).maxexp // 2)
+    root = jnp.sqrt(jnp.where(huge, safe, jnp.ones_like(safe)))
+    quotient = jnp.where(huge, v / root / root, v / safe)
+    return jnp.where(positive, quotient, jnp.zeros_like(quotient))
+
+
 def mp_normalize(v: jnp.ndarray, *, epsilon: float = 1e-4) -> jnp.ndarray:
     """``v_j / (eps + ||v_j|| / sqrt(fan_in))`` per output unit (last axis): every unit gets norm
     ``sqrt(fan_in)`` (per-element RMS 1). EDM2 (App. B.2, "forced weight normalization") writes this back
     into the stored weights before each training step; jaxnorm's ``sphere_projection`` does that as an
     optax transform. Returned in ``v``'s dtype."""
     scale = _unit_rms(v, epsilon)
-    return (v.astype(scale.dtype) / scale).astype(v.dtype)
+    return _per_unit_quotient(v.astype(scale.dtype), scale).astype(v.dtype)
 
 
 def mp_weight(v: jnp.ndarray, gain: float | jnp.ndarray = 1.0, *, epsilon: float = 1e-4) -> jnp.ndarray:
@@ -74,13 +89,16 @@ def mp_weight(v: jnp.ndarray, gain: float | jnp.ndarray = 1.0, *, epsilon: float
     check_per_unit(gain, v, "gain")
     scale = _unit_rms(v, epsilon) * math.sqrt(_fan_in(v))
     gain = jnp.asarray(gain, scale.dtype)
-    return (v.astype(scale.dtype) * (gain / scale)).astype(v.dtype)
+    return (_per_unit_quotient(v.astype(scale.dtype), scale) * gain).astype(v.dtype)
 
 
 def mp_silu(x: jnp.ndarray) -> jnp.ndarray:
-    """``silu(x) / 0.596`` (EDM2, Sec. 3.3): unit second moment for standard normal input."""
+    """``silu(x) / 0.596`` (EDM2, Sec. 3.3): unit second moment for standard normal input. Computed in
+    at least float32 and rounded once to ``x``'s dtype (0.596 rounded to bfloat16 is 0.5977: a second
+    moment 0.5 % low)."""
     check_floating(x, "x")
-    return jax.nn.silu(x) / jnp.asarray(MP_SILU_SCALE, x.dtype)
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return (jax.nn.silu(wide) / MP_SILU_SCALE).astype(x.dtype)
 
 
 def _check_t(t: float) -> float:
@@ -108,6 +126,8 @@ def mp_concat(a: jnp.ndarray, b: jnp.ndarray, t: float = 0.5, *, axis: int = -1)
     unit variance and the two parts contribute ``(1 - t)^2 : t^2`` of it to a following layer, whatever
     their sizes ``N_a``, ``N_b`` along ``axis``."""
     t = _check_t(t)
+    check_floating(a, "a")
+    check_floating(b, "b")
     shapes: Sequence[tuple[int, ...]] = (a.shape, b.shape)
     if a.ndim != b.ndim or a.ndim == 0:
         raise ValueError(f"a and b must have the same rank >= 1, got shapes {shapes}")
@@ -119,7 +139,9 @@ def mp_concat(a: jnp.ndarray, b: jnp.ndarray, t: float = 0.5, *, axis: int = -1)
     if a.shape[:axis] + a.shape[axis + 1 :] != b.shape[:axis] + b.shape[axis + 1 :]:
         raise ValueError(f"a and b must have the same shape except along axis {axis}, got shapes {shapes}")
     na, nb = a.shape[axis], b.shape[axis]
+    if na == 0 or nb == 0:  # the weights would leave the other part at variance (1 - t)^2 / ... , not 1
+        raise ValueError(f"a and b must both have elements along axis {axis}, got shapes {shapes}")
     c = math.sqrt((na + nb) / ((1.0 - t) ** 2 + t**2))
-    wa = c * (1.0 - t) / math.sqrt(na) if na else 0.0
-    wb = c * t / math.sqrt(nb) if nb else 0.0
+    wa = c * (1.0 - t) / math.sqrt(na)
+    wb = c * t / math.sqrt(nb)
     return jnp.concatenate([wa * a, wb * b], axis=axis)

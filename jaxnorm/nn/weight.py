@@ -22,6 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
+from jaxnorm.functional._checks import check_bool
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
@@ -221,6 +222,7 @@ class _NormProp(nn.Module):
     scale_init: Initializer = initializers.ones
 
     def _reparametrize(self, v, x):
+        check_bool(self.activation, "activation")  # "no" would switch the normalized ReLU on
         gamma = self.param("scale", self.scale_init, (v.shape[-1],), self.param_dtype)
         return weight_norm(v, gamma, epsilon=self.epsilon), self._bias()
 

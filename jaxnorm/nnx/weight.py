@@ -24,7 +24,7 @@ from flax import nnx
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional._checks import check_epsilon, check_positive_values
+from jaxnorm.functional._checks import check_bool, check_epsilon, check_positive_values
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
@@ -234,7 +234,7 @@ class _NormProp:
 
     def _init_normprop(self, activation, epsilon, scale_init, rngs):
         self.scale = nnx.Param(scale_init(rngs.params(), (self.out_features,), self.param_dtype))
-        self.activation = activation
+        self.activation = check_bool(activation, "activation")
         self.epsilon = check_epsilon(epsilon)
 
     def _effective_kernel(self):

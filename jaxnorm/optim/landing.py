@@ -66,5 +66,7 @@ def land(p: jax.Array, u: jax.Array, target: jax.Array, move: jax.Array) -> tupl
     candidate = to_target(p, u, target)
     landed = (p.astype(dtype) + candidate).astype(p.dtype).astype(dtype)  # as optax.apply_updates
     error = unit_norm(landed - target)
-    moved = move & jnp.isfinite(error) & (error <= LANDING_TOLERANCE * unit_norm(target))
+    # a target of norm 0 (a quotient flushed to zero) is never landed on: a unit is never zeroed
+    target_norm = unit_norm(target)
+    moved = move & jnp.isfinite(error) & (error <= LANDING_TOLERANCE * target_norm) & (target_norm > 0)
     return jnp.where(moved, candidate, u.astype(dtype)), moved
