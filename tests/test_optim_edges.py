@@ -398,6 +398,8 @@ _LR = lambda t: 0.1
 @pytest.mark.parametrize(("fn", "kwargs", "match"), [
     (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=np.inf), "base_learning_rate"),
     (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=True), "base_learning_rate"),
+    (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=np.True_), "base_learning_rate"),
+    (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate=jnp.array(True)), "base_learning"),
     (norm_schedule_from_lr, dict(learning_rate=_LR, base_learning_rate="0.2"), "base_learning_rate"),
     (norm_schedule_from_lr, dict(learning_rate=lambda t: float("nan")), r"learning_rate\(0\)"),
     (weight_rescaling, dict(tau=2, inner=optax.sgd(0.1), rescale_state="no"), "rescale_state"),

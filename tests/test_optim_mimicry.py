@@ -245,7 +245,7 @@ def test_wd_mimicry_ratio_at_huge_and_tiny_norms(magnitude):
 
 
 def test_wd_mimicry_dead_unit_with_decayed_reference():
-    """A unit with zero gradient whose reference norm decayed towards 0 under WD (1e-19, ratio ~2.5e37, finite
+    """A unit with zero gradient whose reference norm decayed towards 0 under WD (1e-19, ratio ~1e38, finite
     in float32) gets the update 0, not NaN (0 * inf before)."""
     p = jnp.full((4, 2), 0.5, jnp.float32)
     tx = optax.chain(optax.sgd(0.1), wd_mimicry({"k": jnp.full((3, 2), 1e-19, jnp.float32)}))
@@ -273,3 +273,6 @@ def test_reference_schedule_with_final_params_reproduces_the_last_norms(x64):
     with pytest.raises(ValueError, match="final_params"):
         bad = jax.tree.map(lambda w: w[..., :1], ref_params)
         reference_schedule(reference, final_params=bad)
+    # every > 1: the last update reads row T // every, the appended one only where every divides T
+    with pytest.raises(ValueError, match="every=1"):
+        reference_schedule(reference, every=3, final_params=ref_params)

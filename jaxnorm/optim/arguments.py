@@ -23,7 +23,9 @@ __all__ = [
 
 def is_scalar_number(value: Any) -> bool:
     """A Python, NumPy or 0-d JAX number (not a bool or a string)."""
-    return not isinstance(value, bool | str) and hasattr(value, "__float__") and jnp.ndim(value) == 0
+    if isinstance(value, bool | np.bool_ | str) or not hasattr(value, "__float__"):
+        return False
+    return jnp.ndim(value) == 0 and jnp.result_type(value) != jnp.bool_
 
 
 def check_in_range(
@@ -32,7 +34,8 @@ def check_in_range(
     """``value`` as a float in ``[low, high]`` (or ``[low, high)``), else a ValueError naming ``name``.
 
     A traced value (``optax.inject_hyperparams`` builds the transform again inside each update, with the
-    injected numbers as arrays) is returned as it is: it was checked concretely when the state was built.
+    injected numbers as arrays) is returned as it is: it was checked concretely when the state was built
+    outside ``jit`` (under ``jax.jit(tx.init)`` the numbers are traced there too, and go unchecked).
     """
     if isinstance(value, jax.core.Tracer):
         return value

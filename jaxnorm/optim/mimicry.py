@@ -269,7 +269,8 @@ def reference_schedule(
     update produces, ``w(t + 1)``; so it returns row ``(t + 1) // every``: the reference's norms after
     the same number of steps. :func:`record_norms` sees the params before each update only, so a
     recording of ``T`` updates ends at ``w_ref(T - 1)``: pass the reference run's final params as
-    ``final_params`` to append their norms, ``w_ref(T)``, as the row of the last update (without it the
+    ``final_params`` (with ``every=1``) to append their norms, ``w_ref(T)``, as the row of the last
+    update (without it the
     last update is projected to the norms before the reference's last update, rows past the end
     clipped to the last). Use it with ``mask`` selecting the recorded kernels (leaves without a
     reference are ``None``).
@@ -277,6 +278,12 @@ def reference_schedule(
     _check_every(every, "reference_schedule")
     every = int(every)
     if final_params is not None:
+        if every != 1:
+            # the last update reads row T // every, which is the appended one only where every divides T
+            raise ValueError(
+                "reference_schedule: final_params needs a recording of every update (every=1), got "
+                f"every={every}"
+            )
         reference_norms = _append_final_norms(reference_norms, final_params)
 
     def schedule(count):
