@@ -55,7 +55,8 @@ def _per_unit_quotient(v: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """``v / scale`` per unit (``scale`` of shape ``(out,)``), 0 for units of scale 0.
 
     XLA turns a division by a broadcast value into a product by its reciprocal, which is subnormal, and
-    flushed to 0, for ``scale >= 2^126`` (float32): such units divide twice by ``sqrt(scale)`` instead.
+    flushed to 0, for ``scale >= 2^126`` (float32): units of scale ``>= 2^(emax / 2)`` divide twice by
+    ``sqrt(scale)`` instead, whose reciprocal is a normal number.
     A zero unit at ``epsilon = 0`` has ``scale = 0``: 0, not ``0 / 0``, with a zero gradient.
     """
     positive = scale > 0
@@ -139,7 +140,8 @@ def mp_concat(a: jnp.ndarray, b: jnp.ndarray, t: float = 0.5, *, axis: int = -1)
     if a.shape[:axis] + a.shape[axis + 1 :] != b.shape[:axis] + b.shape[axis + 1 :]:
         raise ValueError(f"a and b must have the same shape except along axis {axis}, got shapes {shapes}")
     na, nb = a.shape[axis], b.shape[axis]
-    if na == 0 or nb == 0:  # the weights would leave the other part at variance (1 - t)^2 / ... , not 1
+    # with an empty part the other would come out at variance t^2 / ((1 - t)^2 + t^2) (or its mirror)
+    if na == 0 or nb == 0:
         raise ValueError(f"a and b must both have elements along axis {axis}, got shapes {shapes}")
     c = math.sqrt((na + nb) / ((1.0 - t) ** 2 + t**2))
     wa = c * (1.0 - t) / math.sqrt(na)
