@@ -419,3 +419,45 @@ def test_projection_mask_scale_invariant_needs_the_mask_outside_checking():
     with pytest.raises(ValueError, match=r"optimizer\.projection_mask with mask 'scale_invariant' needs"):
         opt.make_optimizer(config, 10)
     opt.make_optimizer(config, 10, checking=True)
+
+
+@pytest.mark.parametrize("model_name", ["resnet18", "wrn28_10", "vgg11", "mlp"])
+def test_classifier_masks_select_the_head_of_every_model(model_name):
+    """``last_layer`` / ``last_kernel`` / ``hidden_kernels`` select by the classifier's name: the "last
+    module that owns a kernel" was read off the dict's key order, which JAX sorts whenever it rebuilds a
+    tree (gradients, ``jit``): on ResNet / WRN (``{head, stage*, stem}``) the stem got the classifier's
+    weight decay (cifar10_wrs's ResNet-18 BWN variant) and WRS skipped the stem."""
+    from jaxnorm import models
+
+    kwargs = {"width": 8} if model_name == "resnet18" else {}
+    model = models.create(model_name, num_classes=10, norm="bn", **kwargs)
+    shape = (1, 28, 28, 1) if model_name == "mlp" else (1, 32, 32, 3)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(shape), train=False))["params"]
+    rebuilt = jax.tree.map(lambda x: x, params)  # sorted keys, as under jit
+    for tree in (params, rebuilt):
+        flat = {"/".join(k.key for k in p): bool(v)
+                for p, v in jax.tree_util.tree_leaves_with_path(opt.weight_decay_mask("last_kernel")(tree))}
+        assert {k for k, v in flat.items() if v} == {"head/kernel"}, model_name
+        hidden = opt.weight_decay_mask("hidden_kernels")(tree)
+        assert not hidden["head"]["kernel"] and any(jax.tree.leaves(hidden))
+
+
+def test_classifier_masks_without_a_head_take_the_last_auto_named_module():
+    """Without a ``head``, flax's automatic names in natural order: ``Dense_11`` after ``Dense_9`` (the sorted
+    keys put ``Dense_10`` and ``Dense_11`` before ``Dense_2``)."""
+    params = {f"Dense_{i}": {"kernel": jnp.ones((3, 3)), "bias": jnp.zeros(3)} for i in range(12)}
+    params["Conv_0"] = {"kernel": jnp.ones((3, 3, 1, 3))}
+    for tree in (params, jax.tree.map(lambda x: x, params)):
+        mask = opt.weight_decay_mask("last_kernel")(tree)
+        assert [k for k, v in mask.items() if v["kernel"]] == ["Dense_11"]
+    two_heads = {"a": {"head": {"kernel": jnp.ones((3, 2))}}, "b": {"head": {"kernel": jnp.ones((3, 2))}}}
+    with pytest.raises(ValueError, match="2 modules named 'head'"):
+        opt.weight_decay_mask("last_layer")(two_heads)
+
+
+def test_step_boundaries_that_round_to_one_update_both_decay():
+    """Boundaries (0.3, 0.6, 0.8) of a 3-update run round to updates 1, 2, 2: the dict of boundaries kept one
+    of the two at update 2, and the run ended at lr / 100 instead of lr / 1000."""
+    config = {"name": "sgd", "learning_rate": 1.0, "schedule": "step", "boundaries": (0.3, 0.6, 0.8)}
+    _, schedule = opt.make_optimizer(config, 3)
+    assert float(schedule(3)) == pytest.approx(1e-3)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -92,9 +93,11 @@ def make_schedule(config: Mapping[str, Any], total_steps: int) -> optax.Schedule
         if not all(0.0 < b < 1.0 for b in boundaries):
             raise ValueError(f"optimizer.boundaries must be fractions of the run in (0, 1), got {boundaries}")
         factor = float(config.get("decay_factor", 0.1))
-        main = optax.piecewise_constant_schedule(
-            lr, {max(1, round(b * decay_steps)): factor for b in boundaries}
-        )
+        scales: dict[int, float] = {}
+        for b in boundaries:  # boundaries that round to the same step both decay there (a dict kept one)
+            step = max(1, round(b * decay_steps))
+            scales[step] = scales.get(step, 1.0) * factor
+        main = optax.piecewise_constant_schedule(lr, scales)
     elif name == "cosine":
         main = optax.cosine_decay_schedule(lr, decay_steps, alpha=end / lr if lr else 0.0)
     else:
@@ -111,9 +114,13 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
     ``all``: every leaf; ``kernels``: every leaf with ``ndim >= 2`` (Dense / Conv kernels, weight-norm
     directions); ``bn_scales``: the ``scale`` leaves of normalization layers (BN gammas);
     ``kernels_and_bn_scales``: both (Liu et al.'s placement of WD, Supp. B.2); ``last_layer``:
-    the leaves of the last module (in creation order) that owns a kernel, i.e. the classifier;
-    ``last_kernel``: that module's kernel only (the classifier's share of ``kernels``);
-    ``hidden_kernels``: ``kernels`` without ``last_kernel`` (the hidden layers' kernels).
+    the leaves of the classifier, the module named ``head`` that owns a kernel (every jaxnorm model
+    names its classifier so; in other models the last kernel owner in natural name order, flax's
+    ``Dense_0 ... Dense_N``: pass a bool tree where that is not the classifier); ``last_kernel``: that
+    module's kernel only (the classifier's share of ``kernels``); ``hidden_kernels``: ``kernels``
+    without ``last_kernel`` (the hidden layers' kernels).
+    The classifier is found by name, not position: JAX rebuilds a dict with sorted keys (gradients,
+    trees under ``jit``), so the "last" module of ResNet's ``{head, stage*, stem}`` was ``stem``.
     """
     _choice(name, WEIGHT_DECAY_MASKS, "optimizer.weight_decay_mask")
 
@@ -127,10 +134,7 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
             kernels = name == "kernels_and_bn_scales"
             sel = {k: (k[-1] == "scale" and v.ndim == 1) or (kernels and v.ndim > 1) for k, v in flat.items()}
         else:
-            owners = [k[:-1] for k, v in flat.items() if v.ndim >= 2]
-            if not owners:
-                raise ValueError(f"weight_decay_mask={name!r}: the params have no kernel")
-            last = owners[-1]
+            last = _classifier(flat, name)
             if name == "last_kernel":
                 sel = {k: k[:-1] == last and flat[k].ndim >= 2 for k in flat}
             elif name == "hidden_kernels":
@@ -140,6 +144,33 @@ def weight_decay_mask(name: str) -> Callable[[PyTree], PyTree]:
         return traverse_util.unflatten_dict(sel)
 
     return mask
+
+
+CLASSIFIER = "head"
+"""The module name of the classifier that the ``last_layer`` / ``last_kernel`` / ``hidden_kernels`` masks
+select (jaxnorm's models: :mod:`jaxnorm.models.norms`)."""
+
+
+def _classifier(flat: dict[tuple, Any], name: str) -> tuple:
+    """The classifier's module path: the one module named :data:`CLASSIFIER` that owns a kernel (a leaf of
+    rank >= 2); in a model without one, the last kernel owner in natural name order (flax's automatic
+    names ``Dense_0 ... Dense_11`` by their numbers), whatever the order of the dict's keys."""
+    owners = {k[:-1] for k, v in flat.items() if v.ndim >= 2}
+    if not owners:
+        raise ValueError(f"weight_decay_mask={name!r}: the params have no kernel")
+    heads = [o for o in owners if o and o[-1] == CLASSIFIER]
+    if len(heads) > 1:
+        raise ValueError(
+            f"weight_decay_mask={name!r}: the params have {len(heads)} modules named {CLASSIFIER!r} that "
+            f"own a kernel ({['/'.join(map(str, o)) for o in sorted(heads)]}); choose another mask"
+        )
+    if heads:
+        return heads[0]
+
+    def natural(path: tuple) -> tuple:
+        return tuple(tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p))) for p in path)
+
+    return max(owners, key=natural)
 
 
 class WrapperContext(NamedTuple):
