@@ -173,3 +173,14 @@ def parse_row_names(text: str, known: Sequence[str]) -> tuple[str, ...]:
         if name not in known:
             raise argparse.ArgumentTypeError(f"expected row names among {sorted(known)}, got {name!r}")
     return names
+
+
+def positive_count(
+    parser: argparse.ArgumentParser, flag: str, given: int | None, default: int, unit: str = "samples"
+) -> int:
+    """``given`` (an explicit ``flag``; ``None``: not given) or ``default``, which must be a positive
+    number of ``unit``: an argparse error naming ``flag`` otherwise (0 is not read as "the default")."""
+    count = default if given is None else given
+    if count < 1:
+        parser.error(f"{flag} must be a positive number of {unit}, got {count}")
+    return count

@@ -20,7 +20,7 @@ import os
 import flax.linen as fnn
 import jax
 import jax.numpy as jnp
-from _timing import CLOCKS, machine_lines, paired_ratio, parse_row_names, time_interleaved
+from _timing import CLOCKS, machine_lines, paired_ratio, parse_row_names, positive_count, time_interleaved
 from norms import shape_text
 
 import jaxnorm.nn as jn
@@ -69,14 +69,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="64x8", help="batch-norm input, e.g. 64x8")
     parser.add_argument("--image", default="2x8x8x16", help="per-example norms' input (NHWC)")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=None, help="samples per row (default 7)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     known = [name for name, *_ in rows(None, None)]
     parser.add_argument("--rows", type=lambda text: parse_row_names(text, known), default=tuple(known),
                         help="comma-separated row names to run, exact (default: all)")
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be a positive number of samples, got {args.repeats}")
+    args.repeats = positive_count(parser, "--repeats", args.repeats, 7)
     if args.clock == "cpu":  # before the backend starts (first computation): XLA then runs one thread
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     vector = jax.random.normal(jax.random.key(1), _shape(args.shape)) * 3 + 1

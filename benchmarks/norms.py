@@ -31,7 +31,15 @@ from collections.abc import Callable
 import flax.linen as fnn
 import jax
 import jax.numpy as jnp
-from _timing import CLOCKS, Timing, machine_lines, paired_ratio, parse_row_names, time_interleaved
+from _timing import (
+    CLOCKS,
+    Timing,
+    machine_lines,
+    paired_ratio,
+    parse_row_names,
+    positive_count,
+    time_interleaved,
+)
 
 import jaxnorm.nn as jnn
 
@@ -293,9 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                   {**os.environ, **MALLOC_REUSE})
     shapes = args.shapes or ((QUICK_SHAPE,) if args.quick else SHAPES)
     dtypes = args.dtypes or ((QUICK_DTYPE,) if args.quick else DTYPES)
-    repeats = args.repeats if args.repeats is not None else (QUICK_REPEATS if args.quick else REPEATS)
-    if repeats < 1:
-        parser.error(f"--repeats must be a positive number of samples, got {repeats}")
+    repeats = positive_count(parser, "--repeats", args.repeats, QUICK_REPEATS if args.quick else REPEATS)
     if args.clock == "cpu":  # before the backend starts (first computation): XLA then runs one thread
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     timing_kw = {"repeats": repeats, "warmup": 1 if args.quick else 2, "min_sample_seconds": 0.01,

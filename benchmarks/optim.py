@@ -39,7 +39,7 @@ import time
 
 import jax
 import optax
-from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+from _timing import CLOCKS, machine_lines, paired_ratio, positive_count, time_interleaved
 
 from jaxnorm.models import create
 from jaxnorm.optim import (
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
-    repeats = args.repeats if args.repeats is not None else (QUICK_REPEATS if args.quick else REPEATS)
-    if repeats < 1:
-        parser.error(f"--repeats must be a positive number of samples, got {repeats}")
+    repeats = positive_count(parser, "--repeats", args.repeats, QUICK_REPEATS if args.quick else REPEATS)
     batch_size = args.batch_size or (8 if args.quick else 100)
     if args.clock == "cpu":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

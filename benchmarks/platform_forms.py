@@ -33,7 +33,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import norms
-from _timing import CLOCKS, machine_lines, paired_ratio, time_interleaved
+from _timing import CLOCKS, machine_lines, paired_ratio, positive_count, time_interleaved
 
 import jaxnorm.functional  # noqa: F401  (loads every module of the functional core)
 from jaxnorm.functional import platform
@@ -264,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = args.shapes or ((norms.QUICK_SHAPE,) if args.quick else norms.SHAPES)
     dtypes = args.dtypes or norms.DTYPES
     default_repeats = norms.QUICK_REPEATS if args.quick else norms.REPEATS
-    repeats = args.repeats if args.repeats is not None else default_repeats
-    if repeats < 1:
-        parser.error(f"--repeats must be a positive number of samples, got {repeats}")
+    repeats = positive_count(parser, "--repeats", args.repeats, default_repeats)
     if args.clock == "cpu":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     timing_kw = {

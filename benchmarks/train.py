@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _timing import machine_lines, paired_ratio, time_interleaved
+from _timing import machine_lines, paired_ratio, positive_count, time_interleaved
 
 from jaxnorm import models
 from jaxnorm.train import (
@@ -101,12 +101,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a fast smoke version")
     args = parser.parse_args(argv)
     # explicit --steps / --repeats win over --quick's, as in norms.py
-    args.steps = args.steps if args.steps is not None else (60 if args.quick else 300)
-    args.repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be a positive number of samples, got {args.repeats}")
-    if args.steps < 1:
-        parser.error(f"--steps must be a positive number of steps, got {args.steps}")
+    args.repeats = positive_count(parser, "--repeats", args.repeats, 2 if args.quick else 5)
+    args.steps = positive_count(parser, "--steps", args.steps, 60 if args.quick else 300, unit="steps")
     kwargs = {"depth": 3, "width": 256} if args.model == "mlp" else {}
     model = models.create(args.model, num_classes=10, norm=args.norm, **kwargs)
     tx = optax.sgd(0.05, momentum=0.9)

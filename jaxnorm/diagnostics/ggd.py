@@ -86,13 +86,12 @@ def fit_generalized_gaussian(
         real = np.issubdtype(loc_value.dtype, np.integer) or np.issubdtype(loc_value.dtype, np.floating)
         if loc_value.shape != () or not real or not np.isfinite(loc_value):
             raise ValueError(f"fit_generalized_gaussian: loc must be None or a finite number, got {loc!r}")
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating) and not jnp.issubdtype(
-        jnp.result_type(x), jnp.integer
-    ):
-        raise TypeError(f"fit_generalized_gaussian: x must hold real numbers, got dtype {jnp.result_type(x)}")
+    kind = jnp.result_type(x)
+    if not (jnp.issubdtype(kind, jnp.floating) or jnp.issubdtype(kind, jnp.integer)):
+        raise TypeError(f"fit_generalized_gaussian: x must hold real numbers, got dtype {kind}")
     if jnp.size(x) < 2:
         raise ValueError(f"fit_generalized_gaussian: x needs at least 2 values, got shape {jnp.shape(x)}")
-    dtype = jnp.promote_types(jnp.result_type(x), jnp.float32)
+    dtype = jnp.promote_types(kind, jnp.float32)
     values = jnp.ravel(x).astype(dtype)
     mu = jnp.mean(values) if loc is None else jnp.asarray(loc, dtype)
     deviations = jnp.abs(values - mu)

@@ -165,11 +165,16 @@ def _flatten_reference(reference: PyTree, params: PyTree, fn_name: str) -> list:
         return flat
 
 
+def _fits(ref: Any, p: Any) -> bool:
+    """Whether ``ref`` is a recording ``(T, out)`` for the kernel ``p`` (``out`` units on its last axis)."""
+    return ref is not None and jnp.ndim(ref) == 2 and jnp.shape(ref)[1] == jnp.shape(p)[-1]
+
+
 def _check_reference(reference: PyTree, params: PyTree, flags: PyTree, fn_name: str) -> list:
     flat = _flatten_reference(reference, params, fn_name)
     treedef = jax.tree.structure(params)
     for ref, flag, p in zip(flat, treedef.flatten_up_to(flags), treedef.flatten_up_to(params), strict=True):
-        if flag and (ref is None or jnp.ndim(ref) != 2 or jnp.shape(ref)[1] != jnp.shape(p)[-1]):
+        if flag and not _fits(ref, p):
             raise ValueError(
                 f"{fn_name}: reference norms for a kernel of shape {jnp.shape(p)} must have shape "
                 f"(T, {jnp.shape(p)[-1]}), got {None if ref is None else jnp.shape(ref)}"
@@ -270,10 +275,9 @@ def reference_schedule(
     the same number of steps. :func:`record_norms` sees the params before each update only, so a
     recording of ``T`` updates ends at ``w_ref(T - 1)``: pass the reference run's final params as
     ``final_params`` (with ``every=1``) to append their norms, ``w_ref(T)``, as the row of the last
-    update (without it the
-    last update is projected to the norms before the reference's last update, rows past the end
-    clipped to the last). Use it with ``mask`` selecting the recorded kernels (leaves without a
-    reference are ``None``).
+    update (without it the last update is projected to the norms before the reference's last update,
+    rows past the end clipped to the last). Use it with ``mask`` selecting the recorded kernels (leaves
+    without a reference are ``None``).
     """
     _check_every(every, "reference_schedule")
     every = int(every)
@@ -300,7 +304,7 @@ def _append_final_norms(reference: PyTree, final_params: PyTree) -> PyTree:
     appended = []
     for ref, p in zip(flat, treedef.flatten_up_to(final_params), strict=True):
         if ref is not None:
-            if jnp.ndim(ref) != 2 or jnp.shape(ref)[1] != jnp.shape(p)[-1]:
+            if not _fits(ref, p):
                 raise ValueError(
                     f"reference_schedule: final_params has a kernel of shape {jnp.shape(p)} where the "
                     f"reference norms have shape {jnp.shape(ref)}, expected (T, {jnp.shape(p)[-1]})"

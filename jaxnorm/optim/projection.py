@@ -345,10 +345,10 @@ def norm_schedule_from_lr(
         raise TypeError(
             f"norm_schedule_from_lr: learning_rate must be a schedule (count -> eta), got {learning_rate!r}"
         )
-    what = "learning_rate(0)" if base_learning_rate is None else "base_learning_rate"
-    base = check_positive(
-        learning_rate(0) if base_learning_rate is None else base_learning_rate, what, "norm_schedule_from_lr"
-    )
+    if base_learning_rate is None:
+        base = check_positive(learning_rate(0), "learning_rate(0)", "norm_schedule_from_lr")
+    else:
+        base = check_positive(base_learning_rate, "base_learning_rate", "norm_schedule_from_lr")
 
     def init_fn(params: PyTree) -> NormScheduleState:
         flags = resolve_mask(mask, params, "norm_schedule_from_lr")
