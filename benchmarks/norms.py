@@ -288,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="reuse (default): re-run this script under the glibc settings of MALLOC_REUSE "
                              "(MALLOC_ARENA_MAX=1, large mmap and trim thresholds) so large buffers are "
                              "reused: kernel time, not page faults. default: glibc's settings")
+    parser.add_argument("--sync", choices=("call", "sample"), default=None,
+                        help="call: block on every call (the default on CPU); sample: block on a sample's "
+                             "last call only, so a GPU / TPU runs the calls back to back and the host's "
+                             "per-call dispatch latency is not timed (the default there)")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"samples per candidate (default: {QUICK_REPEATS} with --quick, else {REPEATS})")
     parser.add_argument("--rows", type=parse_rows, default=ROWS,
@@ -304,9 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     repeats = positive_count(parser, "--repeats", args.repeats, QUICK_REPEATS if args.quick else REPEATS)
     if args.clock == "cpu":  # before the backend starts (first computation): XLA then runs one thread
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    sync = args.sync or ("call" if jax.default_backend() == "cpu" else "sample")
     timing_kw = {"repeats": repeats, "warmup": 1 if args.quick else 2, "min_sample_seconds": 0.01,
-                 "clock": CLOCKS[args.clock]}
+                 "clock": CLOCKS[args.clock], "block_each": sync == "call"}
     clock = "wall time" if args.clock == "wall" else "process CPU time, pinned to one core (one XLA thread)"
+    clock += "; blocked on every call" if sync == "call" else "; blocked once per sample"
     malloc = ", ".join(f"{k}={os.environ[k]}" for k in MALLOC_REUSE if k in os.environ) or "glibc defaults"
     for line in machine_lines([f"timing: {clock}; {repeats} interleaved repeats (ours, flax, copy), "
                                f"samples of >= {timing_kw['min_sample_seconds'] * 1e3:g} ms",

@@ -4,6 +4,7 @@ The numbers are not checked (performance lives in the benchmarks, not in timed t
 that a rename or an API change in jaxnorm does not leave a script that no longer runs.
 """
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -82,6 +83,16 @@ def _run(script: str, *args: str) -> str:
             ],
             marks=pytest.mark.slow,
         ),
+        # a sample's calls dispatched back to back, blocked once (the default off CPU)
+        ("norms.py", [*TINY, "--rows", "RMSNorm", "--sync", "sample"],
+         ["blocked once per sample", "| 4x4x4x32 | float32 | RMSNorm | fwd+bwd x |"]),
+        # the compiled programs' passes over the input, ours / flax (any backend)
+        ("passes.py", ["--shape", "4x4x4x32", "--rows", "BatchNorm p=2,LayerNorm"],
+         ["| BatchNorm p=2 | fwd |", "| LayerNorm | fwd+bwd x |"]),
+        # one config's step time through the one loop on in-memory images of the dataset's shape
+        ("configs.py", ["--steps", "3", "--runs", "cifar10_enorm_fc:enorm-1",
+                        "--set", "model.kwargs.depth=2", "model.kwargs.width=8"],
+         ["| cifar10_enorm_fc:enorm-1 | mlp | 256 | float32 |"]),
         # train.py and input_pipeline.py train real steps (~1 min each on 2 cores): slow, like optim.py.
         pytest.param("train.py", ["--quick"], ["jaxnorm loop vs hand loop + data"], marks=pytest.mark.slow),
         # a model without batch statistics (KeyError 'batch_stats' before); --steps / --repeats win
@@ -123,3 +134,24 @@ def test_zero_repeats_is_an_error(script):
         capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent,
     )
     assert result.returncode == 2 and "--repeats must be" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_train_benchmark_runs_without_tensorflow():
+    """Without tensorflow (an experiments extra; the GPU machine had none) train.py skips its TensorBoard
+    row instead of failing in the loop's writer."""
+    code = ("import runpy, sys; sys.modules['tensorflow'] = None; "
+            "sys.argv = ['train.py', '--quick', '--steps', '3', '--repeats', '1', '--batch', '8']; "
+            f"runpy.run_path({str(BENCHMARKS / 'train.py')!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=BENCHMARKS.parent, env={**os.environ, "PYTHONPATH": str(BENCHMARKS)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tensorboard=True: not timed (tensorflow is not installed)" in result.stdout
+
+
+def test_configs_benchmark_refuses_an_unknown_variant():
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "configs.py"), "--runs", "cifar10_wrs:sgd+wrs"],
+        capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent,
+    )
+    assert result.returncode != 0 and "has no variant 'sgd+wrs'" in result.stderr, result.stderr[-2000:]

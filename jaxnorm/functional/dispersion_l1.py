@@ -1,10 +1,10 @@
 """The L1 dispersion, ``sigma_hat = sqrt(pi / 2) * mean|x - mu|`` (Hoffer et al., *Norm matters*,
 NeurIPS 2018, Sec. 3; the constant makes it the standard deviation on Gaussian data).
 
-``sum |x - mu|`` needs the mean first: one pass for the mean, one over the deviations, which also gives
-the correction ``sum (x - m)`` that makes the mean of a constant group exact. Across devices the mean
-travels in the moments' all-gather and the two sums of the deviation pass in one ``psum``: two
-collectives.
+``sum |x - mu|`` needs the mean first: one pass for the mean ``m``, one over the deviations, which also
+gives the shifted-data correction ``sum (x - m)`` of the mean (exact for a constant group). Across
+devices the mean travels in the moments' all-gather and the two sums of the deviation pass in one
+``psum``: two collectives.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ from jax import lax
 
 from jaxnorm.functional.calibration import L1_CONSTANT
 from jaxnorm.functional.collectives import gather_combine, psum_flat
-from jaxnorm.functional.moments import Moments, group_combine, keepdims_shape, local_moments
+from jaxnorm.functional.moments import (
+    CONDITION_LIMIT,
+    Moments,
+    group_combine,
+    keepdims_shape,
+    local_moments,
+)
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.platform import distinct, separate_reads
+from jaxnorm.functional.platform import distinct, per_platform, separate_reads
 from jaxnorm.functional.reduction import (
     Reduction,
     deviation_sum,
@@ -55,23 +61,32 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
 
 
 def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The L1 dispersion and the correction that makes the mean exact, on one device.
+    """The L1 dispersion and the shifted-data correction of the mean, on one device, in the form the
+    platform runs fastest (:func:`~jaxnorm.functional.platform.per_platform`); both forms correct the
+    mean of every ill-conditioned group (:func:`_refined_where_ill_conditioned`)."""
+    return per_platform(
+        lambda: _refined_where_ill_conditioned(moments, r),
+        lambda: _dispersion_and_shift(moments, moments.count, r, lambda sums: sums),
+    )
 
-    A constant group has ``mean|x - m| <= a few ulps of m``; only when some group is that close to
-    constant does a :func:`jax.lax.cond` take the extra pass of :func:`exact_mean`, so ordinary batches
-    read ``x`` twice.
-    """
+
+def _refined_where_ill_conditioned(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """XLA:CPU's form: ``sum |x - m|`` alone in the deviation pass (XLA:CPU runs a sibling ``sum (x - m)``
+    as a second loop over ``x``), and the correction ``sum (x - m) / n`` taken by a :func:`jax.lax.cond`
+    only where some group is ill conditioned, ``m^2 > CONDITION_LIMIT * sigma_hat^2`` (a constant group
+    included): there the plain mean's rounding error is no longer small against the dispersion. On
+    other platforms the cond would run as a speculative extra pass; they take the correction in the
+    deviation pass (:func:`_dispersion_and_shift`)."""
     values = r.deviations.astype(moments.mean.dtype)
     total = abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.group_sum)
-    safe_count = jnp.maximum(moments.count, 1)
-    resolution = 16 * jnp.finfo(moments.mean.dtype).eps * jnp.abs(moments.mean)
-    near_constant = jnp.any((total / safe_count <= resolution) & (moments.count > 0))
+    dispersion = L1_CONSTANT * total / jnp.maximum(moments.count, 1)
+    ill_conditioned = jnp.square(moments.mean) > CONDITION_LIMIT * jnp.square(dispersion)
     correction = lax.cond(
-        near_constant,
+        jnp.any(ill_conditioned & (moments.count > 0)),
         lambda: exact_mean(moments, r) - moments.mean,
         lambda: jnp.zeros_like(moments.mean),
     )
-    return L1_CONSTANT * total / safe_count, lax.stop_gradient(correction)
+    return dispersion, lax.stop_gradient(correction)
 
 
 def _cross_device_dispersion(
@@ -79,10 +94,22 @@ def _cross_device_dispersion(
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The L1 dispersion and the mean's correction across the devices of ``r.axis_name``: each device's
     ``sum |x - mu|`` and ``sum (x - mu)`` about the global mean, summed in one ``psum``."""
+    return _dispersion_and_shift(
+        moments, local_count, r, lambda sums: psum_flat(sums, r.axis_name, r.axis_index_groups))
+
+
+def _dispersion_and_shift(
+    moments: Moments, local_count: jnp.ndarray, r: Reduction, combine: Callable
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(sqrt(pi / 2) * sum |x - m| / n, sum (x - m) / n)``: this device's two sums about the mean
+    ``m`` of ``moments`` (``local_count`` its element count per group, for the derivative), merged by
+    ``combine``; sibling reductions of one ``x - m``, a single read of ``x`` where XLA fuses them (GPU,
+    TPU). The corrected mean ``m + sum (x - m) / n`` is exact for a constant group and accurate to the
+    dtype's resolution for a nearly constant one, whatever order the platform sums ``x`` in."""
     values = r.deviations.astype(moments.mean.dtype)
     local_total = abs_deviation_sum(values, moments.mean, local_count, r.mask, r.axes, r.group_sum)
     local_shift = lax.stop_gradient(deviation_sum(moments, r, r.group_sum))
-    total, shift = psum_flat((local_total, local_shift), r.axis_name, r.axis_index_groups)
+    total, shift = combine((local_total, local_shift))
     safe_count = jnp.maximum(moments.count, 1)
     return L1_CONSTANT * total / safe_count, shift / safe_count
 

@@ -208,12 +208,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
     make_optimizer(config.optimizer, steps or 10**9, checking=True)  # 10**9: length known once read
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None) -> RunResult:
-    """One run of ``config`` (a run config, no sweep) in ``workdir``."""
+def run(
+    config: ml_collections.ConfigDict, workdir: str | None, *, datasets: tuple[Any, Any] | None = None
+) -> RunResult:
+    """One run of ``config`` (a run config, no sweep) in ``workdir``. ``datasets``: ``(train, eval)``
+    sources to train and evaluate on instead of reading ``config.dataset`` (``benchmarks/configs.py``
+    feeds in-memory arrays of the dataset's shape); ``config.dataset.name`` still sets the class count."""
     from jaxnorm import data
 
     parallel = DataParallel(config.parallel)
-    train_data, eval_data = build_data(config)
+    train_data, eval_data = build_data(config) if datasets is None else datasets
     num_classes = data.info(config.dataset.name).num_classes
     model = build_model(config, num_classes, parallel)
     invariance_model = None
