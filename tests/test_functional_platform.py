@@ -3,6 +3,7 @@ barrier (the CPU-only forms of ``jaxnorm.functional.platform`` stay in the CPU l
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxnorm.functional as F
@@ -64,3 +65,78 @@ def test_cpu_lowering_keeps_its_scheduling_form():
     """Guard that the test above can fail: the CPU lowering of L1 batch norm's gradient has barriers."""
     _, backward = _lowered(NORMS["batch p=1"][0], X2, jnp.float32, "cpu")
     assert "optimization_barrier" in backward
+
+
+def _default_forms(monkeypatch):
+    """Every ``per_platform`` choice of the functional core takes its GPU / TPU form, on this CPU."""
+    import sys
+
+    def default(cpu, default_form, *args):
+        return default_form(*args)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
+            monkeypatch.setattr(module, "per_platform", default)
+
+
+BRANCH_FREE_ON_ACCELERATORS = {
+    "batch p=2": lambda x: F.batch_norm(x),
+    "instance p=2": lambda x: F.instance_norm(x),
+    "layer p=2 axes": lambda x: F.layer_norm(x, axis=(1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BRANCH_FREE_ON_ACCELERATORS))
+def test_accelerator_form_of_the_l2_statistics_has_no_conditional(monkeypatch, name):
+    """XLA:GPU turns a data-dependent conditional into selects between both branches, so the careful
+    pass and the unit of the L2 statistics ran on every call there (5 reads of the input in BatchNorm's
+    forward pass, flax's 2). Their GPU / TPU form takes both in two fused passes and no conditional
+    (the jaxpr had 2 conds before)."""
+    _default_forms(monkeypatch)
+    fn = BRANCH_FREE_ON_ACCELERATORS[name]
+    x = jnp.ones(X4)
+
+    def loss(x):
+        return jnp.sum(fn(x) * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape))
+
+    for jaxpr in (jax.make_jaxpr(fn)(x), jax.make_jaxpr(jax.grad(loss))(x)):
+        assert " cond[" not in str(jaxpr), name
+
+
+def _inputs():
+    rng = np.random.default_rng(3)
+    ordinary = rng.normal(0.5, 2.0, X4)
+    cases = {
+        "ordinary": ordinary,
+        "cancellation": rng.normal(1000.0, 0.01, X4),
+        "constant": np.full(X4, 12345.678),
+        "one huge channel 1e19": np.concatenate([ordinary[..., :4] * 1e19, ordinary[..., 4:]], -1),
+        "huge 1e26": ordinary * 1e26,
+        "near max": np.clip(ordinary * 1e38, -3e38, 3e38),
+        "tiny": ordinary * 1e-30,
+    }
+    return {k: jnp.asarray(v.astype(np.float32)) for k, v in cases.items()}
+
+
+@pytest.mark.parametrize("case", sorted(_inputs()))
+@pytest.mark.parametrize("name", sorted(BRANCH_FREE_ON_ACCELERATORS))
+def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(monkeypatch, name, case):
+    """The branch-free GPU / TPU form and XLA:CPU's branching form give the same outputs and input
+    gradients (both exact: the careful pass where needed, the unit for overflowing groups) on ordinary,
+    ill-conditioned, constant, huge, near-maximum and tiny input."""
+    fn = BRANCH_FREE_ON_ACCELERATORS[name]
+    x = _inputs()[case]
+    cotangent = jnp.asarray(np.random.default_rng(4).normal(size=X4).astype(np.float32))
+
+    def outputs():
+        y, vjp = jax.vjp(jax.jit(fn), x)
+        return np.asarray(y), np.asarray(vjp(cotangent)[0])
+
+    cpu_y, cpu_dx = outputs()
+    _default_forms(monkeypatch)
+    y, dx = outputs()
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx)), case
+    np.testing.assert_allclose(y, cpu_y, rtol=2e-5, atol=2e-5 if case != "cancellation" else 2e-2)
+    scale = np.max(np.abs(cpu_dx)) + 1e-30
+    atol = 1e-4 if case != "cancellation" else 2e-2
+    np.testing.assert_allclose(dx / scale, cpu_dx / scale, rtol=0, atol=atol)

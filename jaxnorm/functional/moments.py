@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional.platform import separate_reads
+from jaxnorm.functional.platform import per_platform, separate_reads
 from jaxnorm.functional.units import huge_unit, in_range, select_in_unit
 
 __all__ = [
@@ -100,8 +100,10 @@ def local_moments(
       ``sum x`` and ``sum x^2`` (the sums XLA reduces fastest) and keep ``M2 = sum x^2 - (sum x)^2 / n``
       when every group is well conditioned, ``mean^2 <= CONDITION_LIMIT * var``. Otherwise — the
       cancellation case (flax's ``use_fast_variance``), a constant group included — a
-      :func:`jax.lax.cond` takes the second pass. Only one branch runs (both under ``vmap`` with a
-      batched predicate). ``one_pass=False`` always takes the second pass.
+      :func:`jax.lax.cond` takes the second pass. Only one branch runs on CPU (both under ``vmap`` with
+      a batched predicate). ``one_pass=False`` always takes the second pass. GPU and TPU, where XLA runs
+      both branches of such a conditional, always take it, fused with the sums of the first pass
+      (:func:`mean_m2_unit`).
 
     The second pass is the shifted-data algorithm about the raw mean ``m = sum x / n`` (Chan et al.
     1983): ``mean = m + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; a constant group has a single
@@ -150,8 +152,63 @@ def mean_m2_unit(
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Mean, M2 and unit of every group of ``x`` over ``axes`` (see :func:`local_moments`): with
     ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself leaves
-    :func:`~jaxnorm.functional.units.in_range`, found inside the conditional that already takes the careful
-    pass, so ordinary groups run no other conditional; ``unit = 1`` elsewhere."""
+    :func:`~jaxnorm.functional.units.in_range`; ``unit = 1`` elsewhere. XLA:CPU takes the careful pass
+    and the unit behind conditionals (:func:`_mean_m2_unit_branching`); GPU and TPU, which run both
+    branches of such a conditional (XLA turns it into selects), take both always, in two reads of ``x``
+    (:func:`_mean_m2_unit_fused`): :func:`~jaxnorm.functional.platform.per_platform`."""
+    return per_platform(
+        lambda: _mean_m2_unit_branching(x, count, mask, axes, one_pass, rescale),
+        lambda: _mean_m2_unit_fused(x, count, mask, axes, rescale),
+    )
+
+
+def _shifted_pass(
+    values: jnp.ndarray, centre: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...],
+    safe_count: jnp.ndarray,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The shifted-data algorithm about ``centre`` (Chan et al. 1983): ``d = x - centre``,
+    ``mean = centre + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; exact whatever the centre's
+    rounding error, and a constant group has one deviation ``d``, so its mean comes out exact and its
+    M2 zero."""
+    d = values.astype(centre.dtype) - centre
+    d = d if mask is None else jnp.where(mask, d, 0)
+    d_total = jnp.sum(d, axis=axes, keepdims=True)
+    m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
+    return centre + d_total / safe_count, jnp.maximum(m2, 0)
+
+
+def _mean_m2_unit_fused(
+    x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], rescale: bool
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """The GPU / TPU form of :func:`mean_m2_unit`, no conditional: one read of ``x`` for ``sum x`` (and,
+    with ``rescale``, ``sum x * unit``), one for the shifted-data pass about each mean (sibling
+    reductions that XLA fuses), then per group the plain statistics where they are
+    :func:`~jaxnorm.functional.units.in_range`, else those of ``x * unit``. Always the careful pass:
+    exact for cancellation and constant groups, whatever the mean."""
+    safe_count = jnp.maximum(count, 1)
+    values = _widen(x, mask)
+    mean = jnp.sum(values, axis=axes, keepdims=True) / safe_count
+    plain = _shifted_pass(x, mean, mask, axes, safe_count)
+    if not rescale:
+        return (*plain, jnp.ones_like(mean))
+    unit = huge_unit(mean.dtype)
+    scaled_values = values * unit
+    centre = jnp.sum(scaled_values, axis=axes, keepdims=True) / safe_count
+    scaled = _shifted_pass(scaled_values, centre, mask, axes, safe_count)
+    return select_in_unit(in_range(*plain), plain, scaled, unit)
+
+
+def _mean_m2_unit_branching(
+    x: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    one_pass: bool,
+    rescale: bool,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """XLA:CPU's form of :func:`mean_m2_unit`: the one-pass raw sums where every group is well
+    conditioned, else the careful pass behind a :func:`jax.lax.cond`, and the unit found inside the
+    conditional that already takes the careful pass, so ordinary groups run no other conditional."""
     safe_count = jnp.maximum(count, 1)
     last_axis = axes == (x.ndim - 1,)
     sum_source, square_source = (x, x) if last_axis else separate_reads(x, 2)
@@ -160,13 +217,7 @@ def mean_m2_unit(
     ones = jnp.ones_like(mean)
 
     def shifted_pass(values: jnp.ndarray, centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-        # the shifted-data algorithm about the raw mean: exact whatever its rounding error, and a
-        # constant group has one deviation d, so its mean comes out exact and its M2 zero
-        d = values.astype(centre.dtype) - centre
-        d = d if mask is None else jnp.where(mask, d, 0)
-        d_total = jnp.sum(d, axis=axes, keepdims=True)
-        m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
-        return centre + d_total / safe_count, jnp.maximum(m2, 0)
+        return _shifted_pass(values, centre, mask, axes, safe_count)
 
     def careful() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
         shifted_mean, shifted_m2 = shifted_pass(x, mean)
