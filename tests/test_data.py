@@ -545,3 +545,22 @@ def test_colour_crop_flip_is_identity_at_zero_ranges_and_jitters_otherwise(monke
     out = augment.apply("colour_crop_flip", images, np.random.default_rng(3), train=True)
     assert out.shape == images.shape and out.dtype == np.uint8
     assert augment.apply("colour_crop_flip", images, rng, train=False) is images
+
+
+@pytest.mark.parametrize("batch", [1, 15, 16, 17, 100])
+def test_random_colour_is_the_same_in_tasks_of_any_size(monkeypatch, batch):
+    """:func:`random_colour` runs its examples in tasks of ``COLOUR_CHUNK`` on a thread pool: every
+    example, and the Generator's state after the call, are those of one task over the whole batch (the
+    four draws are taken first, in TF's order, each one per example)."""
+    images = np.random.default_rng(7).integers(0, 256, (batch, 8, 8, 3), dtype=np.uint8)
+    results = []
+    for chunk in (batch, 16, 3):
+        monkeypatch.setattr(augment, "COLOUR_CHUNK", chunk)
+        rng = np.random.default_rng(11)
+        results.append((augment.random_colour(images, rng), rng.uniform()))
+    for out, after in results[1:]:
+        np.testing.assert_array_equal(out, results[0][0])
+        assert after == results[0][1]
+    rng = np.random.default_rng(11)
+    rng.uniform(size=4 * batch)  # the four per-example draws and nothing else
+    assert rng.uniform() == results[0][1]
