@@ -380,8 +380,9 @@ def test_vmap_over_differently_conditioned_inputs():
     is 2 units of that resolution, ``spacing(|mean|) / sigma`` (1e-6 on CPU's equal orders would do)."""
     xs = np.stack([normal((64, 3), seed=25), normal((64, 3), seed=26, loc=1000.0, scale=0.01)])
     xs = jnp.asarray(xs.astype(np.float32))
-    resolutions = [max(1e-6, 2 * float(np.max(np.spacing(np.abs(x.mean(0))) / x.std(0))))
+    resolutions = [max(1e-6, 2 * float(np.max(np.spacing(np.abs(x.mean(0)).astype(np.float32)) / x.std(0))))
                    for x in np.asarray(xs, np.float64)]
+    assert resolutions[0] == 1e-6 and 1e-3 < resolutions[1] < 0.05  # float32's spacing at 1000, not float64's
     for p in P_VALUES:
         norm = jax.jit(functools.partial(F.batch_norm, p=p, epsilon=1e-12))
         for got, x, atol in zip(jax.jit(jax.vmap(norm))(xs), xs, resolutions, strict=True):

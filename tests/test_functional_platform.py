@@ -1,6 +1,8 @@
 """Platform-honest kernels: no normalization or gradient lowered for GPU or TPU contains an optimization
 barrier (the CPU-only forms of ``jaxnorm.functional.platform`` stay in the CPU lowering)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +70,9 @@ def test_cpu_lowering_keeps_its_scheduling_form():
 
 
 def _default_forms(monkeypatch):
-    """Every ``per_platform`` choice of the functional core takes its GPU / TPU form, on this CPU."""
+    """Every ``per_platform`` choice of the functional core takes its GPU / TPU form, on this CPU. JAX
+    keeps the traces of jitted and custom-JVP functions: they are dropped now and when the test ends,
+    so that neither form's trace serves the other."""
     import sys
 
     def default(cpu, default_form, *args):
@@ -77,6 +81,14 @@ def _default_forms(monkeypatch):
     for name, module in list(sys.modules.items()):
         if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
             monkeypatch.setattr(module, "per_platform", default)
+    jax.clear_caches()  # and after the test, by _fresh_traces (torn down after monkeypatch's undo)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_traces():
+    """No trace outlives a test of this file (some tests switch the platform forms)."""
+    yield
+    jax.clear_caches()
 
 
 BRANCH_FREE_ON_ACCELERATORS = {
@@ -101,6 +113,25 @@ def test_accelerator_form_of_the_l2_statistics_has_no_conditional(monkeypatch, n
 
     for jaxpr in (jax.make_jaxpr(fn)(x), jax.make_jaxpr(jax.grad(loss))(x)):
         assert " cond[" not in str(jaxpr), name
+
+
+def _data_dependent_cases(text: str) -> list[str]:
+    """The ``stablehlo.case`` ops of a lowering whose index is neither a constant nor the result of a case
+    (``lax.platform_dependent`` lowers to a case on the constant platform index that picks the index of
+    a second case; XLA folds both)."""
+    static = set(re.findall(r"(%[\w#.]+)(?::\d+)? = (?:stablehlo\.constant|\"stablehlo\.case\")", text))
+    return [i for i in re.findall(r'"stablehlo\.case"\((%[\w#.]+)\)', text) if i not in static]
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+@pytest.mark.parametrize("name", sorted(BRANCH_FREE_ON_ACCELERATORS))
+def test_accelerator_lowering_of_the_l2_statistics_has_no_data_dependent_case(name, platform):
+    """The lowering for GPU / TPU itself (no patching): every conditional left switches on the constant
+    platform index (the old careful-pass and unit conds switched on the data)."""
+    forward, backward = _lowered(BRANCH_FREE_ON_ACCELERATORS[name], X4, jnp.float32, platform)
+    assert _data_dependent_cases(forward) == [] and _data_dependent_cases(backward) == [], name
+    cpu_forward, _ = _lowered(BRANCH_FREE_ON_ACCELERATORS[name], X4, jnp.float32, "cpu")
+    assert _data_dependent_cases(cpu_forward), "the check finds the CPU form's conds"
 
 
 def _inputs():
@@ -129,7 +160,8 @@ def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(monkeypatch,
     cotangent = jnp.asarray(np.random.default_rng(4).normal(size=X4).astype(np.float32))
 
     def outputs():
-        y, vjp = jax.vjp(jax.jit(fn), x)
+        # a new function for each form: jax.jit(fn) would reuse the first form's trace
+        y, vjp = jax.vjp(jax.jit(lambda v: fn(v)), x)
         return np.asarray(y), np.asarray(vjp(cotangent)[0])
 
     cpu_y, cpu_dx = outputs()

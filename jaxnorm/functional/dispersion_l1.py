@@ -10,6 +10,7 @@ devices the mean travels in the moments' all-gather and the two sums of the devi
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -73,14 +74,15 @@ def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.
 def _refined_where_ill_conditioned(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
     """XLA:CPU's form: ``sum |x - m|`` alone in the deviation pass (XLA:CPU runs a sibling ``sum (x - m)``
     as a second loop over ``x``), and the correction ``sum (x - m) / n`` taken by a :func:`jax.lax.cond`
-    only where some group is ill conditioned, ``m^2 > CONDITION_LIMIT * sigma_hat^2`` (a constant group
+    only where some group is ill conditioned, ``|m| > sqrt(CONDITION_LIMIT) sigma_hat`` (a constant group
     included): there the plain mean's rounding error is no longer small against the dispersion. On
     other platforms the cond would run as a speculative extra pass; they take the correction in the
     deviation pass (:func:`_dispersion_and_shift`)."""
     values = r.deviations.astype(moments.mean.dtype)
     total = abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.group_sum)
     dispersion = L1_CONSTANT * total / jnp.maximum(moments.count, 1)
-    ill_conditioned = jnp.square(moments.mean) > CONDITION_LIMIT * jnp.square(dispersion)
+    # compared unsquared: the squares overflow from 1.8e19 on, where inf > inf would skip the correction
+    ill_conditioned = jnp.abs(moments.mean) > math.sqrt(CONDITION_LIMIT) * dispersion
     correction = lax.cond(
         jnp.any(ill_conditioned & (moments.count > 0)),
         lambda: exact_mean(moments, r) - moments.mean,
