@@ -219,3 +219,33 @@ def test_nearly_constant_channels_normalize_to_the_float32_resolution(
     got = np.asarray(jax.jit(lambda v: F.batch_norm(v, p=p, epsilon=0.0))(jnp.asarray(x)), np.float64)
     resolution = np.spacing(np.float32(loc)) / x64_values.std(0)
     assert np.all(np.abs(got - want).max(0) <= NEARLY_CONSTANT_BOUND[p] * resolution)
+
+
+@pytest.mark.parametrize("form", ["cpu", "default"])
+@pytest.mark.parametrize("value", [3.7, 60001.7, -12345.678])
+@pytest.mark.parametrize("p, topk", [(1, None), ("inf", None), ("inf", 3)])
+def test_constant_channel_has_zero_dispersion_and_the_exact_gradient(
+    request, monkeypatch, p, topk, value, form
+):
+    """A constant channel's L1 / L-inf / top-k dispersion is 0, as its L2 variance: it was taken about the
+    rounded mean ``sum x / n`` (an ulp of the value away), so ``batch_moments`` reported a variance of
+    3.6e-13 (p=1, value 3.7) to 2.2e-4 (value 60001.7) and the input gradient at a small epsilon was
+    0.21-0.97 of the exact ``(ct - mean(ct)) / sqrt(epsilon)``, in both platform forms."""
+    import sys
+
+    if form == "default":
+        for name, module in list(sys.modules.items()):
+            if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
+                monkeypatch.setattr(module, "per_platform", lambda cpu, default, *args: default(*args))
+        jax.clear_caches()
+        request.addfinalizer(jax.clear_caches)
+    x = jnp.full((48, 2), value, jnp.float32)
+    _, var = jax.jit(lambda a: F.batch_moments(a, p=p, topk=topk))(x)
+    np.testing.assert_array_equal(np.asarray(var), 0.0)
+    epsilon = 1e-12 if abs(value) < 10 else 1e-5
+    cotangent = np.random.default_rng(0).normal(size=x.shape)
+    y, vjp = jax.vjp(jax.jit(lambda a: F.batch_norm(a, p=p, topk=topk, epsilon=epsilon)), x)
+    want = (cotangent - cotangent.mean(0)) / np.sqrt(epsilon)
+    np.testing.assert_array_equal(np.asarray(y), 0.0)
+    got = np.asarray(vjp(jnp.asarray(cotangent, jnp.float32))[0])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)

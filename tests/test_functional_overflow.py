@@ -369,6 +369,15 @@ SWEEP_CASES = {
 }
 
 
+@pytest.fixture
+def default_forms_traced_anew():
+    """For tests that switch ``per_platform`` to the GPU / TPU form: JAX keeps the traces of custom-JVP
+    and jitted functions, so the caches are cleared after the switch (in the test) and after the test,
+    or one form's trace would serve the other."""
+    yield
+    jax.clear_caches()
+
+
 ON_CPU = jax.default_backend() == "cpu"
 """The two documented gaps below are of XLA:CPU's forms: on GPU / TPU the default forms run and pass."""
 
@@ -410,11 +419,12 @@ def _assert_exact_across_magnitudes(name, fn):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rms_norm_default_form_is_exact_across_magnitudes(monkeypatch, dtype):
+def test_rms_norm_default_form_is_exact_across_magnitudes(default_forms_traced_anew, monkeypatch, dtype):
     """The form GPU and TPU lower, run here by making the platform choice take it on CPU: last-axis RMS
     norm keeps rows whose mean square overflows in a unit (exact at every magnitude of the sweep), and
     ordinary rows bit for bit as XLA:CPU's fused form computes them."""
     monkeypatch.setattr(last_axis_module, "per_platform", lambda cpu, default, *args: default(*args))
+    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
     fn = lambda x: F.rms_norm(x.astype(dtype), epsilon=EPSILON).astype(jnp.float32)
     if dtype == "float32":
         _assert_exact_across_magnitudes("rms_norm (GPU/TPU form)", fn)
@@ -489,10 +499,11 @@ def _near_max_matches_scaled_input(name, where, magnitude=3e38, gradient=True):
 
 @pytest.mark.parametrize("where", ["all", "group"])
 @pytest.mark.parametrize("name", sorted(NEAR_MAX_CASES))
-def test_p_not_2_input_near_the_float32_maximum(monkeypatch, name, where):
+def test_p_not_2_input_near_the_float32_maximum(default_forms_traced_anew, monkeypatch, name, where):
     """The form GPU and TPU lower (the deviations scaled by the unit), run here by making the platform
     choice take it on CPU: exact up to the largest float32."""
     monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
+    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
     _near_max_matches_scaled_input(name, where)
 
 
@@ -665,12 +676,15 @@ def test_p_not_2_near_the_maximum_across_devices_matches_one_device():
 @pytest.mark.parametrize(
     "name", ["batch_norm_p=1", "batch_norm_top-3", "layer_norm_last_p=inf", "group_norm_masked_p=1"]
 )
-def test_constant_group_near_the_maximum_normalizes_to_zero(monkeypatch, name, dtype):
+def test_constant_group_near_the_maximum_normalizes_to_zero(
+    default_forms_traced_anew, monkeypatch, name, dtype
+):
     """Equal values at 0.99 x the largest float: the group is kept in the huge unit, where
     ``epsilon * unit^2`` underflows to 0, so its variance plus epsilon was 0 and the output
     ``0 * rsqrt(0)``, NaN (bfloat16 batch norm, float32 last-axis layer norm, masked group norm). A
     constant group now stays in unit 1 (its variance is 0 in any unit): output 0, finite gradient."""
     monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
+    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
     keep = jnp.arange(8)[None, :, None] != 3
     fns = {
         "batch_norm_p=1": lambda x: F.batch_norm(x, p=1),
@@ -687,3 +701,21 @@ def test_constant_group_near_the_maximum_normalizes_to_zero(monkeypatch, name, d
     g = jax.jit(jax.grad(lambda x: jnp.sum(fn(x).astype(jnp.float32) * r)))(x)
     assert np.all(np.isfinite(np.asarray(y, np.float64))) and np.all(np.isfinite(np.asarray(g, np.float64)))
     assert np.all(np.asarray(y, np.float64)[:, 1] == 0)
+
+
+@pytest.mark.parametrize("p", [2, 1, "inf"])
+def test_huge_variance_reported_in_x_scale_under_jit(p):
+    """A channel of scale 1e19 has its variance (8.3e37, finite) kept in the huge unit; reported in ``x``'s
+    scale as ``var / unit / unit``, which XLA rewrites under jit as ``var / (unit * unit)`` with
+    ``unit^2 = 2^-192 = 0``: ``batch_moments`` and BatchNorm's running variance read the float32 maximum
+    (3.4e38, 4.1x too large) under jit and the right value eagerly."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((24, 2)) * np.array([1e19, 1.0]), jnp.float32)
+    eager = np.asarray(F.batch_moments(x, p=p)[1])
+    jitted = np.asarray(jax.jit(lambda a: F.batch_moments(a, p=p))(x)[1])
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+    if p == 2:
+        np.testing.assert_allclose(jitted, np.asarray(x, np.float64).var(0), rtol=1e-5)
+    module = jn.BatchNorm(use_running_average=False, momentum=0.0, p=p)
+    variables = module.init(jax.random.key(0), x)
+    _, state = jax.jit(lambda v, a: module.apply(v, a, mutable=["batch_stats"]))(variables, x)
+    np.testing.assert_allclose(np.asarray(state["batch_stats"]["var"]), eager, rtol=1e-6)

@@ -32,7 +32,6 @@ from jaxnorm.functional.reduction import (
     Reduction,
     deviation_sum,
     empty_statistics,
-    exact_mean,
     masked_mean,
 )
 from jaxnorm.functional.units import Statistics, variance_in_unit
@@ -73,29 +72,30 @@ def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.
 
 def _refined_where_ill_conditioned(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:
     """XLA:CPU's form: ``sum |x - m|`` alone in the deviation pass (XLA:CPU runs a sibling ``sum (x - m)``
-    as a second loop over ``x``), and the correction ``sum (x - m) / n`` taken by a :func:`jax.lax.cond`
-    only where some group is ill conditioned, ``|m| > sqrt(CONDITION_LIMIT) sigma_hat`` (a constant group
-    included): there the plain mean's rounding error is no longer small against the dispersion. On
-    other platforms the cond would run as a speculative extra pass; they take the correction in the
-    deviation pass (:func:`_dispersion_and_shift`)."""
+    as a second loop over ``x``), and the corrections of :func:`_about_the_corrected_mean` taken by a
+    :func:`jax.lax.cond` only where some group is ill conditioned, ``|m| > sqrt(CONDITION_LIMIT)
+    sigma_hat`` (a constant group included; compared unsquared, as the squares overflow from 1.8e19 on):
+    there the plain mean's rounding error is no longer small against the dispersion. On other platforms
+    the cond would run as a speculative extra pass; they take the sums in the deviation pass
+    (:func:`_dispersion_and_shift`)."""
     values = r.deviations.astype(moments.mean.dtype)
     total = abs_deviation_sum(values, moments.mean, moments.count, r.mask, r.axes, r.group_sum)
-    dispersion = L1_CONSTANT * total / jnp.maximum(moments.count, 1)
-    # compared unsquared: the squares overflow from 1.8e19 on, where inf > inf would skip the correction
-    ill_conditioned = jnp.abs(moments.mean) > math.sqrt(CONDITION_LIMIT) * dispersion
-    correction = lax.cond(
+    safe_count = jnp.maximum(moments.count, 1)
+    ill_conditioned = jnp.abs(moments.mean) > math.sqrt(CONDITION_LIMIT) * L1_CONSTANT * total / safe_count
+    total, shift = lax.cond(
         jnp.any(ill_conditioned & (moments.count > 0)),
-        lambda: exact_mean(moments, r) - moments.mean,
-        lambda: jnp.zeros_like(moments.mean),
+        lambda: _about_the_corrected_mean(
+            total, deviation_sum(moments, r, r.group_sum), _sign_balance(moments, r), safe_count),
+        lambda: (total, jnp.zeros_like(moments.mean)),
     )
-    return dispersion, lax.stop_gradient(correction)
+    return L1_CONSTANT * total / safe_count, shift / safe_count
 
 
 def _cross_device_dispersion(
     moments: Moments, local_count: jnp.ndarray, r: Reduction
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The L1 dispersion and the mean's correction across the devices of ``r.axis_name``: each device's
-    ``sum |x - mu|`` and ``sum (x - mu)`` about the global mean, summed in one ``psum``."""
+    ``sum |x - mu|``, ``sum (x - mu)`` and sign balance about the global mean, summed in one ``psum``."""
     return _dispersion_and_shift(
         moments, local_count, r, lambda sums: psum_flat(sums, r.axis_name, r.axis_index_groups))
 
@@ -103,17 +103,41 @@ def _cross_device_dispersion(
 def _dispersion_and_shift(
     moments: Moments, local_count: jnp.ndarray, r: Reduction, combine: Callable
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(sqrt(pi / 2) * sum |x - m| / n, sum (x - m) / n)``: this device's two sums about the mean
-    ``m`` of ``moments`` (``local_count`` its element count per group, for the derivative), merged by
-    ``combine``; sibling reductions of one ``x - m``, a single read of ``x`` where XLA fuses them (GPU,
-    TPU). The corrected mean ``m + sum (x - m) / n`` is exact for a constant group and accurate to the
-    dtype's resolution for a nearly constant one, whatever order the platform sums ``x`` in."""
+    """``(sqrt(pi / 2) * sum |x - mu| / n, sum (x - m) / n)`` with ``mu = m + sum (x - m) / n`` the
+    corrected mean of ``m`` (:func:`_about_the_corrected_mean`): this device's three sums about ``m``
+    (``local_count`` its element count per group, for the derivative), merged by ``combine``; sibling
+    reductions of one ``x - m``, a single read of ``x`` where XLA fuses them (GPU, TPU). The corrected
+    mean is exact for a constant group and accurate to the dtype's resolution for a nearly constant
+    one, whatever order the platform sums ``x`` in."""
     values = r.deviations.astype(moments.mean.dtype)
     local_total = abs_deviation_sum(values, moments.mean, local_count, r.mask, r.axes, r.group_sum)
-    local_shift = lax.stop_gradient(deviation_sum(moments, r, r.group_sum))
-    total, shift = combine((local_total, local_shift))
+    local_shift = deviation_sum(moments, r, r.group_sum)
+    total, shift, balance = combine((local_total, local_shift, _sign_balance(moments, r)))
     safe_count = jnp.maximum(moments.count, 1)
+    total, shift = _about_the_corrected_mean(total, shift, balance, safe_count)
     return L1_CONSTANT * total / safe_count, shift / safe_count
+
+
+def _about_the_corrected_mean(
+    total: jnp.ndarray, shift: jnp.ndarray, balance: jnp.ndarray, count: jnp.ndarray
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(sum |x - mu|, sum (x - m))`` from the sums about the plain mean ``m``: ``mu = m + delta``,
+    ``delta = sum (x - m) / n``, and ``sum |x - mu| = sum |x - m| - delta * balance`` with ``balance =
+    #{x > m} - #{x <= m}``, exact but for elements between ``m`` and ``mu`` (each off by at most
+    ``2 |delta|``). A constant group (every ``x - m`` the same) comes out at exactly 0: ``delta *
+    balance`` is taken as ``shift * (balance / n)``, where ``balance / n = +-1``. The corrections are
+    constants for differentiation (the mean's derivative is ``sum(dx) / n`` either way)."""
+    correction = lax.stop_gradient(shift * (balance / count))
+    return jnp.maximum(total - correction, 0), lax.stop_gradient(shift)
+
+
+def _sign_balance(moments: Moments, r: Reduction) -> jnp.ndarray:
+    """``#{x > m} - #{x <= m}`` over the unmasked elements of each group, ``m`` the plain mean (the sign
+    convention of :func:`abs_deviation_sum`'s derivative)."""
+    above = r.deviations.astype(moments.mean.dtype) > moments.mean
+    signs = jnp.where(above, 1, -1).astype(moments.mean.dtype)
+    signs = signs if r.mask is None else jnp.where(r.mask, signs, 0)
+    return lax.stop_gradient(r.group_sum(jnp.sum(signs, r.axes, keepdims=True)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))

@@ -52,10 +52,11 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
         low = jnp.min(jnp.where(device_counts > 0, lows, jnp.inf), axis=0)
     moments = masked_mean(moments, r.mask)
     high, low = jax.lax.stop_gradient((high, low))
-    dispersion = max_deviation(r.x, moments.mean, high, low, r.mask, r.axes, r.sum)
+    # about the exact mean: a constant group's max |x - mean| is 0, not the rounding error of sum x / n
+    mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
+    dispersion = max_deviation(r.x, mean, high, low, r.mask, r.axes, r.sum)
     constant = linf_calibration(moments.count, None, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
-    mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
     var, unit = variance_in_unit(dispersion, options.tiny_groups)
     return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
 

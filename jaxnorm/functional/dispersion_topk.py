@@ -47,14 +47,15 @@ def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     moments = group_combine(local_moments(moments_source, r.axes, mask=r.mask, with_m2=False), r.groups)
     if r.axis_name is None:
         moments = masked_mean(moments, r.mask)
-        largest = _largest_deviations_per_feature(deviations, moments.mean, r.axes, k, r.mask)
+        # the deviations about the exact mean: a constant group's are 0, not sum x / n's rounding error
         exact = exact_mean(moments, r._replace(deviations=deviations))
+        largest = _largest_deviations_per_feature(deviations, exact, r.axes, k, r.mask)
     else:
         candidates = _extreme_candidates(deviations, moments.count, r.axes, k, r.mask)
         moments, _, (values, valid) = gather_combine(moments, r.axis_name, r.axis_index_groups, candidates)
         moments = masked_mean(moments, r.mask)
-        largest = _largest_candidate_deviations(values, valid, moments.mean, r.axes, k)
         exact = exact_mean_from_extremes(moments.mean, *_candidate_extremes(values, valid, moments.mean))
+        largest = _largest_candidate_deviations(values, valid, exact, r.axes, k)
     dispersion = _topk_mean(largest, moments.mean, moments.count, k)
     constant = linf_calibration(moments.count, k, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)

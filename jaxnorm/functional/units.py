@@ -134,7 +134,10 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     if var is None or unit is None:
         return var
     top = jnp.finfo(var.dtype).max
-    return jnp.where(unit == 1, var, jnp.minimum(var / unit / unit, top))
+    # var / unit^2 by the exponent (unit is a power of two, 2^(e - 1)): XLA rewrites var / unit / unit
+    # as var / (unit * unit), whose 2^-192 is 0 in float32 (inf, then the clip, for every huge group)
+    _, exponent = jnp.frexp(unit)
+    return jnp.where(unit == 1, var, jnp.minimum(jnp.ldexp(var, 2 * (1 - exponent)), top))
 
 
 def tiny_unit(dtype: jnp.dtype) -> float:
