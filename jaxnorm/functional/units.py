@@ -134,10 +134,11 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     if var is None or unit is None:
         return var
     top = jnp.finfo(var.dtype).max
-    # var / unit^2 by the exponent (unit is a power of two, 2^(e - 1)): XLA rewrites var / unit / unit
-    # as var / (unit * unit), whose 2^-192 is 0 in float32 (inf, then the clip, for every huge group)
-    _, exponent = jnp.frexp(unit)
-    return jnp.where(unit == 1, var, jnp.minimum(jnp.ldexp(var, 2 * (1 - exponent)), top))
+    # var / unit^2 as two products by 1 / unit (a power of two, exact): XLA rewrites var / unit / unit as
+    # var / (unit * unit), whose 2^-192 is 0 in float32 (inf, then the clip, for every huge group); and
+    # the derivative of a group clipped to the maximum is 0, not 0 * inf (ldexp's derivative is 2^192)
+    scale = lax.stop_gradient(1 / unit)
+    return jnp.where(unit == 1, var, jnp.minimum(var * scale * scale, top))
 
 
 def tiny_unit(dtype: jnp.dtype) -> float:
