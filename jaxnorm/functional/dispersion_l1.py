@@ -2,9 +2,9 @@
 NeurIPS 2018, Sec. 3; the constant makes it the standard deviation on Gaussian data).
 
 ``sum |x - mu|`` needs the mean first: one pass for the mean ``m``, one over the deviations, which also
-gives the shifted-data correction ``sum (x - m)`` of the mean (exact for a constant group). Across
-devices the mean travels in the moments' all-gather and the two sums of the deviation pass in one
-``psum``: two collectives.
+gives the shifted-data correction ``sum (x - m)`` of the mean (exact for a constant group) and the sign
+balance that moves ``sum |x - m|`` to the corrected mean. Across devices the mean travels in the
+moments' all-gather and the three sums of the deviation pass in one ``psum``: two collectives.
 """
 
 from __future__ import annotations
