@@ -8,6 +8,8 @@
 #
 #   bash benchmarks/device_checks.sh            # needs jax with the accelerator's plugin, flax, optax,
 #                                               # chex, orbax, ml_collections, pytest (+ pytest-xdist)
+# The lent H200 / H100 image (jax 0.11.2) lacks ml_collections and tensorflow: carry the ml_collections
+# wheel (pure Python) and install it with --target before this script; nothing here needs tensorflow.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -22,9 +24,9 @@ part() {  # part NAME SECONDS COMMAND...: run COMMAND under a time limit, output
   tail -n 4 "$OUT/$name.txt"
 }
 part passes 60 python3 benchmarks/passes.py
-part norms 150 python3 benchmarks/norms.py --shapes 128x32x32x64,256x32x32x128 --dtypes float32 --repeats 7
-part configs 120 python3 benchmarks/configs.py --steps 60 \
-  --runs "cifar10_resnet56_norm_matters:l1bn,cifar10_wrs:resnet18 sgdm+wrs,cifar10_enorm_fc:bn"
+part norms 140 python3 benchmarks/norms.py --shapes 128x32x32x64,256x32x32x128 --dtypes float32 --repeats 7
+part configs 150 python3 benchmarks/configs.py --steps 60 \
+  --runs "cifar10_wrs:sgdm+wd,cifar10_resnet56_norm_matters:l1bn,cifar10_wrs:resnet18 sgdm+wrs,cifar10_enorm_fc:bn"
 part train 40 python3 benchmarks/train.py --quick
 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DISABLE_MOST_OPTIMIZATIONS=0 part tests 110 \
   python3 -m pytest -q -p no:cacheprovider -n 14 -rf --tb=short tests/test_core_fuzz.py tests/test_functional.py \
