@@ -21,6 +21,7 @@ optimization.
 """
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,6 +58,28 @@ turned optimizations off): their properties depend on how the machine code round
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.load_profile("ci")
+
+
+@pytest.fixture
+def accelerator_forms(monkeypatch):
+    """``accelerator_forms(*modules)`` switches the ``per_platform`` choice of ``modules`` (default: every
+    module of ``jaxnorm.functional``) to its GPU / TPU form, on this CPU. JAX keeps the traces of jitted
+    and custom-JVP functions, so they are dropped at the switch and when the test ends: neither form's
+    trace may serve the other."""
+
+    def default(cpu, default_form, *args):
+        return default_form(*args)
+
+    def switch(*modules):
+        if not modules:
+            modules = [m for name, m in list(sys.modules.items())
+                       if name.startswith("jaxnorm.functional") and hasattr(m, "per_platform")]
+        for module in modules:
+            monkeypatch.setattr(module, "per_platform", default)
+        jax.clear_caches()
+
+    yield switch
+    jax.clear_caches()
 
 
 @pytest.fixture

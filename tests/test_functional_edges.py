@@ -190,7 +190,7 @@ float32 mean (exact only for a constant channel), a few units off."""
 @pytest.mark.parametrize("seed", [26, 27, 28])
 @pytest.mark.parametrize("p", P_VALUES)
 def test_nearly_constant_channels_normalize_to_the_float32_resolution(
-    request, monkeypatch, x64, p, seed, form, loc
+    accelerator_forms, x64, p, seed, form, loc
 ):
     """Channels of mean 1000 or 1e30 and spread 1e-5 of it (|mean| / sigma = 1e5): the output is within a
     unit or two of the float32 resolution of the float64 result, in XLA:CPU's form and in the GPU / TPU
@@ -199,14 +199,8 @@ def test_nearly_constant_channels_normalize_to_the_float32_resolution(
     depends on the order of summation (a GPU's vmapped and unbatched results differed by 4.5 %). At mean
     1e30 the squares overflow: XLA:CPU's test of the condition compared ``m^2`` with ``32 sigma^2``, both
     inf, and skipped the correction (beyond the bound at p = 1 for two of the three seeds)."""
-    import sys
-
     if form == "default":  # every per_platform choice of the core takes its GPU / TPU form
-        for name, module in list(sys.modules.items()):
-            if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
-                monkeypatch.setattr(module, "per_platform", lambda cpu, default, *args: default(*args))
-    jax.clear_caches()  # JAX keeps custom-JVP traces: neither form's may serve the other
-    request.addfinalizer(jax.clear_caches)  # drops the default forms' traces
+        accelerator_forms()
     x = np.random.default_rng(seed).normal(loc, loc * 1e-5, (64, 3)).astype(np.float32)
     x64_values = x.astype(np.float64)
     d = x64_values - x64_values.mean(0)
@@ -225,20 +219,14 @@ def test_nearly_constant_channels_normalize_to_the_float32_resolution(
 @pytest.mark.parametrize("value", [3.7, 60001.7, -12345.678])
 @pytest.mark.parametrize("p, topk", [(1, None), ("inf", None), ("inf", 3)])
 def test_constant_channel_has_zero_dispersion_and_the_exact_gradient(
-    request, monkeypatch, p, topk, value, form
+    accelerator_forms, p, topk, value, form
 ):
     """A constant channel's L1 / L-inf / top-k dispersion is 0, as its L2 variance: it was taken about the
     rounded mean ``sum x / n`` (an ulp of the value away), so ``batch_moments`` reported a variance of
     3.6e-13 (p=1, value 3.7) to 2.2e-4 (value 60001.7) and the input gradient at a small epsilon was
     0.21-0.97 of the exact ``(ct - mean(ct)) / sqrt(epsilon)``, in both platform forms."""
-    import sys
-
     if form == "default":
-        for name, module in list(sys.modules.items()):
-            if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
-                monkeypatch.setattr(module, "per_platform", lambda cpu, default, *args: default(*args))
-        jax.clear_caches()
-        request.addfinalizer(jax.clear_caches)
+        accelerator_forms()
     x = jnp.full((48, 2), value, jnp.float32)
     _, var = jax.jit(lambda a: F.batch_moments(a, p=p, topk=topk))(x)
     np.testing.assert_array_equal(np.asarray(var), 0.0)

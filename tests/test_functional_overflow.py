@@ -369,15 +369,6 @@ SWEEP_CASES = {
 }
 
 
-@pytest.fixture
-def default_forms_traced_anew():
-    """For tests that switch ``per_platform`` to the GPU / TPU form: JAX keeps the traces of custom-JVP
-    and jitted functions, so the caches are cleared after the switch (in the test) and after the test,
-    or one form's trace would serve the other."""
-    yield
-    jax.clear_caches()
-
-
 ON_CPU = jax.default_backend() == "cpu"
 """The two documented gaps below are of XLA:CPU's forms: on GPU / TPU the default forms run and pass."""
 
@@ -419,18 +410,18 @@ def _assert_exact_across_magnitudes(name, fn):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rms_norm_default_form_is_exact_across_magnitudes(default_forms_traced_anew, monkeypatch, dtype):
+def test_rms_norm_default_form_is_exact_across_magnitudes(accelerator_forms, monkeypatch, dtype):
     """The form GPU and TPU lower, run here by making the platform choice take it on CPU: last-axis RMS
     norm keeps rows whose mean square overflows in a unit (exact at every magnitude of the sweep), and
     ordinary rows bit for bit as XLA:CPU's fused form computes them."""
-    monkeypatch.setattr(last_axis_module, "per_platform", lambda cpu, default, *args: default(*args))
-    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
+    accelerator_forms(last_axis_module)
     fn = lambda x: F.rms_norm(x.astype(dtype), epsilon=EPSILON).astype(jnp.float32)
     if dtype == "float32":
         _assert_exact_across_magnitudes("rms_norm (GPU/TPU form)", fn)
     x = jnp.asarray(np.random.default_rng(3).normal(size=IMG) * 3, dtype)
     default = np.asarray(jax.jit(fn)(x))
     monkeypatch.undo()
+    jax.clear_caches()  # else jax.jit(fn) would give the default form's trace back
     np.testing.assert_array_equal(default, np.asarray(jax.jit(fn)(x)))
 
 
@@ -499,11 +490,10 @@ def _near_max_matches_scaled_input(name, where, magnitude=3e38, gradient=True):
 
 @pytest.mark.parametrize("where", ["all", "group"])
 @pytest.mark.parametrize("name", sorted(NEAR_MAX_CASES))
-def test_p_not_2_input_near_the_float32_maximum(default_forms_traced_anew, monkeypatch, name, where):
+def test_p_not_2_input_near_the_float32_maximum(accelerator_forms, name, where):
     """The form GPU and TPU lower (the deviations scaled by the unit), run here by making the platform
     choice take it on CPU: exact up to the largest float32."""
-    monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
-    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
+    accelerator_forms(normalize_module)
     _near_max_matches_scaled_input(name, where)
 
 
@@ -677,14 +667,13 @@ def test_p_not_2_near_the_maximum_across_devices_matches_one_device():
     "name", ["batch_norm_p=1", "batch_norm_top-3", "layer_norm_last_p=inf", "group_norm_masked_p=1"]
 )
 def test_constant_group_near_the_maximum_normalizes_to_zero(
-    default_forms_traced_anew, monkeypatch, name, dtype
+    accelerator_forms, name, dtype
 ):
     """Equal values at 0.99 x the largest float: the group is kept in the huge unit, where
     ``epsilon * unit^2`` underflows to 0, so its variance plus epsilon was 0 and the output
     ``0 * rsqrt(0)``, NaN (bfloat16 batch norm, float32 last-axis layer norm, masked group norm). A
     constant group now stays in unit 1 (its variance is 0 in any unit): output 0, finite gradient."""
-    monkeypatch.setattr(normalize_module, "per_platform", lambda cpu, default, *args: default(*args))
-    jax.clear_caches()  # no trace of the CPU form may serve (custom-JVP traces are kept)
+    accelerator_forms(normalize_module)
     keep = jnp.arange(8)[None, :, None] != 3
     fns = {
         "batch_norm_p=1": lambda x: F.batch_norm(x, p=1),

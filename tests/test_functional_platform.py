@@ -69,28 +69,6 @@ def test_cpu_lowering_keeps_its_scheduling_form():
     assert "optimization_barrier" in backward
 
 
-def _default_forms(monkeypatch):
-    """Every ``per_platform`` choice of the functional core takes its GPU / TPU form, on this CPU. JAX
-    keeps the traces of jitted and custom-JVP functions: they are dropped now and when the test ends,
-    so that neither form's trace serves the other."""
-    import sys
-
-    def default(cpu, default_form, *args):
-        return default_form(*args)
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("jaxnorm.functional") and hasattr(module, "per_platform"):
-            monkeypatch.setattr(module, "per_platform", default)
-    jax.clear_caches()  # and after the test, by _fresh_traces (torn down after monkeypatch's undo)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_traces():
-    """No trace outlives a test of this file (some tests switch the platform forms)."""
-    yield
-    jax.clear_caches()
-
-
 BRANCH_FREE_ON_ACCELERATORS = {
     "batch p=2": lambda x: F.batch_norm(x),
     "instance p=2": lambda x: F.instance_norm(x),
@@ -99,12 +77,12 @@ BRANCH_FREE_ON_ACCELERATORS = {
 
 
 @pytest.mark.parametrize("name", sorted(BRANCH_FREE_ON_ACCELERATORS))
-def test_accelerator_form_of_the_l2_statistics_has_no_conditional(monkeypatch, name):
+def test_accelerator_form_of_the_l2_statistics_has_no_conditional(accelerator_forms, name):
     """XLA:GPU turns a data-dependent conditional into selects between both branches, so the careful
     pass and the unit of the L2 statistics ran on every call there (5 reads of the input in BatchNorm's
     forward pass, flax's 2). Their GPU / TPU form takes both in two fused passes and no conditional
     (the jaxpr had 2 conds before)."""
-    _default_forms(monkeypatch)
+    accelerator_forms()
     fn = BRANCH_FREE_ON_ACCELERATORS[name]
     x = jnp.ones(X4)
 
@@ -151,7 +129,7 @@ def _inputs():
 
 @pytest.mark.parametrize("case", sorted(_inputs()))
 @pytest.mark.parametrize("name", sorted(BRANCH_FREE_ON_ACCELERATORS))
-def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(monkeypatch, name, case):
+def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(accelerator_forms, name, case):
     """The branch-free GPU / TPU form and XLA:CPU's branching form give the same outputs and input
     gradients (both exact: the careful pass where needed, the unit for overflowing groups) on ordinary,
     ill-conditioned, constant, huge, near-maximum and tiny input."""
@@ -165,7 +143,7 @@ def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(monkeypatch,
         return np.asarray(y), np.asarray(vjp(cotangent)[0])
 
     cpu_y, cpu_dx = outputs()
-    _default_forms(monkeypatch)
+    accelerator_forms()
     y, dx = outputs()
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx)), case
     np.testing.assert_allclose(y, cpu_y, rtol=2e-5, atol=2e-5 if case != "cancellation" else 2e-2)
