@@ -85,7 +85,11 @@ def _refined_where_ill_conditioned(moments: Moments, r: Reduction) -> tuple[jnp.
     total, shift = lax.cond(
         jnp.any(ill_conditioned & (moments.count > 0)),
         lambda: _about_the_corrected_mean(
-            total, deviation_sum(moments, r, r.group_sum), _sign_balance(moments, r), safe_count),
+            total,
+            deviation_sum(moments, r, r.group_sum),
+            _sign_balance(values, moments.mean, moments.count, r.mask, r.axes, r.group_sum),
+            safe_count,
+        ),
         lambda: (total, jnp.zeros_like(moments.mean)),
     )
     return L1_CONSTANT * total / safe_count, shift / safe_count
@@ -112,7 +116,8 @@ def _dispersion_and_shift(
     values = r.deviations.astype(moments.mean.dtype)
     local_total = abs_deviation_sum(values, moments.mean, local_count, r.mask, r.axes, r.group_sum)
     local_shift = deviation_sum(moments, r, r.group_sum)
-    total, shift, balance = combine((local_total, local_shift, _sign_balance(moments, r)))
+    local_balance = _sign_balance(values, moments.mean, local_count, r.mask, r.axes, r.group_sum)
+    total, shift, balance = combine((local_total, local_shift, local_balance))
     safe_count = jnp.maximum(moments.count, 1)
     total, shift = _about_the_corrected_mean(total, shift, balance, safe_count)
     return L1_CONSTANT * total / safe_count, shift / safe_count
@@ -131,13 +136,21 @@ def _about_the_corrected_mean(
     return jnp.maximum(total - correction, 0), lax.stop_gradient(shift)
 
 
-def _sign_balance(moments: Moments, r: Reduction) -> jnp.ndarray:
-    """``#{x > m} - #{x <= m}`` over the unmasked elements of each group, ``m`` the plain mean (the sign
-    convention of :func:`abs_deviation_sum`'s derivative)."""
-    above = r.deviations.astype(moments.mean.dtype) > moments.mean
-    signs = jnp.where(above, 1, -1).astype(moments.mean.dtype)
-    signs = signs if r.mask is None else jnp.where(r.mask, signs, 0)
-    return lax.stop_gradient(r.group_sum(jnp.sum(signs, r.axes, keepdims=True)))
+def _sign_balance(
+    values: jnp.ndarray,
+    centre: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    reduce_sum: Callable,
+) -> jnp.ndarray:
+    """``#{x > centre} - #{x <= centre}`` over the ``count`` unmasked elements of each group, as
+    ``2 #{x > centre} - count`` (the sign convention of :func:`abs_deviation_sum`'s derivative); the
+    indicator is counted through bfloat16 (0 and 1 exactly, summed in ``count``'s dtype)."""
+    above = values > centre
+    above = above if mask is None else above & mask
+    num_above = jnp.sum(above.astype(jnp.bfloat16), axes, keepdims=True, dtype=count.dtype)
+    return lax.stop_gradient(2 * reduce_sum(num_above) - count)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
@@ -172,10 +185,7 @@ def _abs_deviation_sum_jvp(axes, reduce_sum, primals, tangents):
         return is_above if mask is None else is_above & mask
 
     total = abs_deviation_sum(values, mean, count, mask, axes, reduce_sum)
-    # the indicator is counted through bfloat16 (0 and 1 exactly, summed in the statistics dtype)
-    indicator = above(distinct(mean, tag=1)).astype(jnp.bfloat16)
-    num_above = jnp.sum(indicator, axes, keepdims=True, dtype=values.dtype)
-    balance = 2 * reduce_sum(num_above) - count
+    balance = _sign_balance(values, distinct(mean, tag=1), count, mask, axes, reduce_sum)
     signs = jnp.where(above(mean), 1, -1 if mask is None else jnp.where(mask, -1, 0)).astype(values.dtype)
     picked = reduce_sum(jnp.sum(signs * values_dot, axes, keepdims=True))
     return total, picked - mean_dot * balance
