@@ -725,17 +725,55 @@ def test_batch_moments_gradients_of_huge_channels(p):
     assert float(var[0]) == float(jnp.finfo(jnp.float32).max)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the variance of a group held in the huge unit (sigma_hat > 7e16 in float32) is "
-    "reported as (its variance in the unit) / unit^2, and reverse mode scales the cotangent by "
-    "1 / unit^2 = 2^192 (inf) before the unit's small factors: inf / NaN. A fix gives batch_moments' "
-    "variance an x-scale derivative of its own; BatchNorm's output and its gradient do not go through it",
-)
+REPORTED_STATISTICS = {
+    # name: (statistic of x, its degree of homogeneity)
+    "batch_moments_var": (lambda x, **kw: F.batch_moments(x, **kw)[1], 2),
+    "batch_stats_sigma": (lambda x, **kw: F.batch_stats(x, **kw)[1], 1),
+}
+
+
+@pytest.mark.parametrize("cotangent", [1.0, 1e12])
+@pytest.mark.parametrize("name", sorted(REPORTED_STATISTICS))
+@pytest.mark.parametrize("p, topk", [(2, None), (1, None), ("inf", None), ("inf", 2)])
+def test_reported_statistics_gradient_of_a_group_in_the_unit(p, topk, name, cotangent):
+    """The reported ``sigma_hat`` and ``sigma_hat^2`` of a group held in the huge unit (``sigma_hat >
+    7e16`` in float32) have the gradient of the same group at scale 1, times ``1e18^(degree - 1)``. Before,
+    their derivative went through ``var / unit^2``, whose cotangent is ``2^192`` times the variance's:
+    inf / NaN from any cotangent; the second column (left alone) stays at scale 1 throughout."""
+    fn, degree = REPORTED_STATISTICS[name]
+    base = np.array([[1.0, 3.0], [-2.0, 1.0], [1.5, -4.0], [0.5, 2.5]])
+    kwargs = dict(p=p) if topk is None else dict(p=p, topk=topk)
+    stat = jax.jit(lambda a: fn(a, **kwargs))
+    huge = jnp.asarray(base * np.array([1e18, 1.0]), jnp.float32)
+    small = jnp.asarray(base, jnp.float32)
+    ct = jnp.full((2,), cotangent, jnp.float32)
+    got = np.asarray(jax.vjp(stat, huge)[1](ct)[0], np.float64)
+    want = np.asarray(jax.vjp(stat, small)[1](ct)[0], np.float64) * np.array([1e18 ** (degree - 1), 1.0])
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    # forward mode: the same linear map
+    tangent = jnp.asarray(np.random.default_rng(0).normal(size=base.shape), jnp.float32)
+    got_dot = np.asarray(jax.jvp(stat, (huge,), (tangent,))[1], np.float64)
+    want_dot = np.asarray(jax.jvp(stat, (small,), (tangent,))[1], np.float64) * np.array(
+        [1e18 ** (degree - 1), 1.0]
+    )
+    np.testing.assert_allclose(got_dot, want_dot, rtol=1e-4)
+
+
 @pytest.mark.parametrize("p", [2, 1, "inf"])
-def test_batch_moments_variance_gradient_of_a_group_in_the_unit(p):
-    x = jnp.asarray(np.array([[1.0], [-2.0], [1.5], [0.5]]) * 1e18, jnp.float32)
-    _, vjp = jax.vjp(lambda a: F.batch_moments(a, p=p)[1], x)
-    _, vjp_small = jax.vjp(lambda a: F.batch_moments(a, p=p)[1], x / 1e18)
-    want = np.asarray(vjp_small(jnp.ones((1,), jnp.float32))[0]) * 1e18  # sigma_hat^2 is of degree 2
-    np.testing.assert_allclose(np.asarray(vjp(jnp.ones((1,), jnp.float32))[0]), want, rtol=1e-4)
+def test_reported_variance_gradient_of_a_group_in_the_unit_merged(p):
+    """The same through a mask and a mapped axis (``vmap`` with ``axis_name``: the merged L2 path)."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(2, 8, 1)) * 1e18, jnp.float32)
+    mask = jnp.asarray(rng.random((2, 8, 1)) < 0.8).at[:, 0].set(True)
+
+    def var(a, scale):
+        per_device = lambda b, m: F.batch_moments(b, p=p, mask=m, axis_name="d")[1]
+        return jnp.sum(jax.vmap(per_device, axis_name="d")(a * scale, mask)[0])
+
+    got = np.asarray(jax.grad(var)(x, 1.0), np.float64)
+    want = np.asarray(jax.grad(var)(x / 1e18, 1.0), np.float64) * 1e18
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.max(np.abs(want)))
+
+

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional._checks import (
@@ -31,7 +30,7 @@ from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statist
 from jaxnorm.functional.moments import stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
-from jaxnorm.functional.units import Statistics, needs_tiny_unit, true_variance
+from jaxnorm.functional.units import Statistics, needs_tiny_unit, reported_sigma, true_variance
 
 __all__ = [
     "BatchOptions",
@@ -240,24 +239,10 @@ def batch_stats(
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, False, use_fast_variance)
-    mean, var, unit = batch_statistics_with_unit(
+    statistics = batch_statistics_with_unit(
         x, options, axis=axis, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    sigma = _sqrt_zero_slope_at_zero(var)
-    return mean, sigma if unit is None else sigma / unit
-
-
-@jax.custom_jvp
-def _sqrt_zero_slope_at_zero(var: jnp.ndarray) -> jnp.ndarray:
-    """``sqrt(var)`` whose derivative is 0 where ``var == 0`` (a constant feature), not ``inf * 0 = NaN``."""
-    return jnp.sqrt(var)
-
-
-@_sqrt_zero_slope_at_zero.defjvp
-def _sqrt_zero_slope_at_zero_jvp(primals, tangents):
-    (var,), (var_dot,) = primals, tangents
-    sigma = jnp.sqrt(var)
-    return sigma, jnp.where(var > 0, var_dot / (2 * jnp.where(var > 0, sigma, 1)), 0)
+    return statistics.mean, reported_sigma(statistics)
 
 
 def batch_norm(
@@ -290,7 +275,7 @@ def batch_norm(
     options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
     options = options._replace(tiny_groups=needs_tiny_unit(epsilon, stats_dtype(x)))
     out_dtype, x = x.dtype, widened_float16(x)
-    mean, var, unit = batch_statistics_with_unit(
+    statistics = batch_statistics_with_unit(
         x,
         options,
         axis=axis,
@@ -301,12 +286,12 @@ def batch_norm(
     )
     return normalize_batch(
         x,
-        mean,
-        var,
+        statistics.mean,
+        statistics.var,
         virtual_batch_size=options.virtual_batch_size,
         epsilon=epsilon,
         dtype=out_dtype,
-        unit=unit,
+        unit=statistics.unit,
         scaled_deviations=deviations_in_unit(options),
     )
 

@@ -145,6 +145,7 @@ def _overflowed_groups_in_unit(
             jnp.where(finite, plain.mean, scaled.mean / h),
             jnp.where(finite, plain.var, scaled.var),
             jnp.where(finite, plain.unit, unit),
+            jnp.where(finite, plain.sigma, scaled.sigma / h),
         )
 
     return lax.cond(jnp.all(finite), lambda: plain, rescaled)

@@ -56,8 +56,9 @@ def l1_statistics(r: Reduction, options: BatchOptions) -> Statistics:
         moments = masked_mean(moments, r.mask)
         dispersion, correction = _cross_device_dispersion(moments, local_count, r)
     mean = masked_mean(moments._replace(mean=moments.mean + correction), r.mask).mean
-    var, unit = variance_in_unit(dispersion, options.tiny_groups)
-    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
+    var, unit, sigma = variance_in_unit(dispersion, options.tiny_groups)
+    var, sigma = (empty_statistics(a, moments.count, r.mask) for a in (var, sigma))
+    return Statistics(mean, var, unit, sigma)
 
 
 def _local_dispersion(moments: Moments, r: Reduction) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -46,13 +46,15 @@ def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     device that shares the statistics, and only then (a :func:`jax.lax.cond`) taken again in the unit.
     The derivatives are the exact ones for either branch, written out as a custom JVP,
     ``d mean = sum(dx) / n`` and ``d var = 2 sum((x - mean) unit * dx unit) / n``, so that the backward
-    pass holds no conditional.
+    pass holds no conditional; ``sigma_hat = sqrt(var) / unit`` of ``x`` itself
+    (:attr:`~jaxnorm.functional.units.Statistics.sigma`) has ``d sigma_hat = sum((x - mean) unit * dx) /
+    (n sqrt(var))``, no factor ``1 / unit`` formed (a constant group: 0).
     """
     layout = r._replace(x=None, deviations=None, mask=None)
-    _, mean, var, unit = _l2_with_unit(r.x, r.mask, layout, options)
+    _, mean, var, unit, sigma = _l2_with_unit(r.x, r.mask, layout, options)
     # the unit is a constant for differentiation: a symbolic zero tangent, not an array of zeros that
     # the normalization would multiply by the input
-    return Statistics(mean, var, lax.stop_gradient(unit))
+    return Statistics(mean, var, lax.stop_gradient(unit), sigma)
 
 
 def _l2_in_unit(
@@ -72,14 +74,14 @@ def _l2_in_unit(
 def _l2_with_unit(
     x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """``(count, mean, var, unit)``; see :func:`l2_statistics`."""
+    """``(count, mean, var, unit, sigma_hat)``; see :func:`l2_statistics`."""
     if layout.groups is None and layout.axis_name is None:
         count, mean, var, unit = _local_l2(x, mask, layout.axes, options)
     else:
         count, mean, var, unit = _merged_l2(x, mask, layout, options)
     if options.tiny_groups:
         var, unit = lift_tiny(var, unit)
-    return count, mean, var, unit
+    return count, mean, var, unit, jnp.sqrt(var) / unit
 
 
 def _merged_l2(
@@ -114,18 +116,23 @@ def _local_l2(
 @_l2_with_unit.defjvp
 def _l2_with_unit_jvp(layout, options, primals, tangents):
     x, mask = primals
-    count, mean, var, unit = _l2_with_unit(x, mask, layout, options)
+    primals_out = _l2_with_unit(x, mask, layout, options)
+    count, mean, var, unit, _ = primals_out
     dtype = stats_dtype(x)
     x_dot = tangents[0].astype(dtype)
     deviation = x.astype(dtype) * unit - mean * unit
     if mask is not None:
         x_dot, deviation = jnp.where(mask, x_dot, 0), jnp.where(mask, deviation, 0)
-    sums = (
-        layout.group_sum(jnp.sum(x_dot, layout.axes, keepdims=True)),
-        layout.group_sum(jnp.sum(deviation * (x_dot * unit), layout.axes, keepdims=True)),
+    # sigma_hat's: the deviations over sqrt(var) first, numbers of order 1, so that neither the tangent
+    # nor its transpose forms the cotangent's product with 1 / sqrt(var) (2^40 in a huge group)
+    standardized = deviation / jnp.where(var > 0, jnp.sqrt(var), 1)
+    sums = tuple(
+        layout.group_sum(jnp.sum(a, layout.axes, keepdims=True))
+        for a in (x_dot, deviation * (x_dot * unit), standardized * x_dot)
     )
     if layout.axis_name is not None:
         sums = psum_flat(sums, layout.axis_name, layout.axis_index_groups)
     per_element = 1 / jnp.maximum(count, 1)
-    tangents = (jnp.zeros_like(count), sums[0] * per_element, 2 * sums[1] * per_element, jnp.zeros_like(unit))
-    return (count, mean, var, unit), tangents
+    zero = jnp.zeros_like(count), jnp.zeros_like(unit)
+    tangents = (zero[0], sums[0] * per_element, 2 * sums[1] * per_element, zero[1], sums[2] * per_element)
+    return primals_out, tangents

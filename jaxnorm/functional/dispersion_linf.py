@@ -57,8 +57,9 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     dispersion = max_deviation(r.x, mean, high, low, r.mask, r.axes, r.sum)
     constant = linf_calibration(moments.count, None, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
-    var, unit = variance_in_unit(dispersion, options.tiny_groups)
-    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
+    var, unit, sigma = variance_in_unit(dispersion, options.tiny_groups)
+    var, sigma = (empty_statistics(a, moments.count, r.mask) for a in (var, sigma))
+    return Statistics(mean, var, unit, sigma)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))

@@ -60,8 +60,9 @@ def topk_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     constant = linf_calibration(moments.count, k, options.calibration)
     dispersion = dispersion * constant.astype(dispersion.dtype)
     mean = masked_mean(moments._replace(mean=exact), r.mask).mean
-    var, unit = variance_in_unit(dispersion, options.tiny_groups)
-    return Statistics(mean, empty_statistics(var, moments.count, r.mask), unit)
+    var, unit, sigma = variance_in_unit(dispersion, options.tiny_groups)
+    var, sigma = (empty_statistics(a, moments.count, r.mask) for a in (var, sigma))
+    return Statistics(mean, var, unit, sigma)
 
 
 def _topk_mean(largest: jnp.ndarray, mean: jnp.ndarray, count: jnp.ndarray, k: int) -> jnp.ndarray:

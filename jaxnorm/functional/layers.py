@@ -131,7 +131,7 @@ def batch_norm_layer(
         axis_index_groups=axis_index_groups,
         keepdims=True,
     )
-    mean, var, unit = statistics
+    mean, var, unit = statistics.mean, statistics.var, statistics.unit
     y = normalize_batch(
         x,
         mean,

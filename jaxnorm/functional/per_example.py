@@ -76,11 +76,13 @@ def per_example_norm(
     x = widened_float16(x)
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
-    mean, var, unit = dispersion_statistics(
+    statistics = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
-    affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype)
-    return normalize(x, mean, var, **affine, unit=unit, scaled_deviations=deviations_in_unit(options))
+    affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=statistics.unit)
+    return normalize(
+        x, statistics.mean, statistics.var, **affine, scaled_deviations=deviations_in_unit(options)
+    )
 
 
 def layer_norm(

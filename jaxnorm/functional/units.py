@@ -1,4 +1,4 @@
-"""Statistics of huge input, kept in a unit: :class:`Statistics` ``(mean, var, unit)``.
+"""Statistics of huge input, kept in a unit: :class:`Statistics` ``(mean, var, unit, sigma)``.
 
 A float32 variance overflows beyond ``sigma_hat = 1.8e19`` (``1e154`` in float64), and the sum of
 squares on its way there sooner, although such input is finite and normalizes to ordinary numbers.
@@ -44,6 +44,7 @@ __all__ = [
     "is_tiny",
     "lift_tiny",
     "needs_tiny_unit",
+    "reported_sigma",
     "select_in_unit",
     "tiny_unit",
     "true_variance",
@@ -59,11 +60,16 @@ class Statistics(NamedTuple):
       var: ``sigma_hat**2`` of ``x * unit`` (``None``: mean-only normalization).
       unit: 1, or :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`
         (``None``: 1 everywhere).
+      sigma: ``sigma_hat`` of ``x`` itself, whose derivative is taken in ``x``'s scale (``None``: not
+        computed). What :func:`true_variance` and :func:`reported_sigma` differentiate in huge groups:
+        through ``var`` the cotangent of ``var / unit^2`` is ``2^192`` times the variance's (inf in
+        float32) before the unit's small factors cancel it.
     """
 
     mean: jnp.ndarray
     var: jnp.ndarray | None
     unit: jnp.ndarray | None = None
+    sigma: jnp.ndarray | None = None
 
 
 def huge_unit(dtype: jnp.dtype) -> float:
@@ -107,13 +113,16 @@ def select_in_unit(
     )
 
 
-def variance_in_unit(dispersion: jnp.ndarray, tiny_groups: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``((sigma_hat * unit)^2, unit)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and top-k
-    ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond, and, with
-    ``tiny_groups`` (:func:`needs_tiny_unit`), :func:`tiny_unit` where ``sigma_hat^2`` :func:`is_tiny`
+def variance_in_unit(
+    dispersion: jnp.ndarray, tiny_groups: bool = False
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``((sigma_hat * unit)^2, unit, sigma_hat)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and
+    top-k ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond, and,
+    with ``tiny_groups`` (:func:`needs_tiny_unit`), :func:`tiny_unit` where ``sigma_hat^2`` :func:`is_tiny`
     or underflows. Per group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1
     in ``x``, so ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times
-    ``sigma_hat`` is exact (ordinary groups keep ``sigma_hat^2`` bit for bit)."""
+    ``sigma_hat`` is exact (ordinary groups keep ``sigma_hat^2`` bit for bit). ``sigma_hat`` itself is
+    returned for :attr:`Statistics.sigma`."""
     # a dispersion whose sums overflowed (taken again in a unit, :mod:`jaxnorm.functional.dispersion`)
     # has no derivative here: its square's, inf times the zero cotangent, would be NaN
     dispersion = jnp.where(jnp.isfinite(dispersion), dispersion, lax.stop_gradient(dispersion))
@@ -124,12 +133,13 @@ def variance_in_unit(dispersion: jnp.ndarray, tiny_groups: bool = False) -> tupl
     if tiny_groups:  # sigma_hat^2 tiny, or underflowed to 0 from a positive sigma_hat
         small = jnp.where((dispersion > 0) & _below_tiny_bound(square), tiny_unit(dtype), 1)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
-    return jnp.square(dispersion * unit), unit
+    return jnp.square(dispersion * unit), unit, dispersion
 
 
 def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     """``sigma_hat**2`` of ``x`` itself, the largest finite number where it overflows the dtype (what the
-    running statistics and :func:`jaxnorm.functional.batch_moments` hold)."""
+    running statistics and :func:`jaxnorm.functional.batch_moments` hold); in a huge group (``unit < 1``)
+    with the derivative ``2 sigma_hat d sigma_hat`` of :attr:`Statistics.sigma`, where it is given."""
     var, unit = statistics.var, statistics.unit
     if var is None or unit is None:
         return var
@@ -138,7 +148,42 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     # var / (unit * unit), whose 2^-192 is 0 in float32 (inf, then the clip, for every huge group); and
     # the derivative of a group clipped to the maximum is 0, not 0 * inf (ldexp's derivative is 2^192)
     scale = lax.stop_gradient(1 / unit)
-    return jnp.where(unit == 1, var, jnp.minimum(var * scale * scale, top))
+    in_x_scale = var * scale * scale
+    reported = jnp.where(unit == 1, var, jnp.minimum(in_x_scale, top))
+    if statistics.sigma is None:
+        return reported
+    # the same value; its derivative that of sigma_hat^2, a term of value 0 whose slope is 2 sigma_hat
+    # (0 where the variance is clipped: no 0 * inf)
+    slope = lax.stop_gradient(jnp.where(in_x_scale < top, 2 * statistics.sigma, 0))
+    sigma = jnp.where(in_x_scale < top, statistics.sigma, 0)
+    carried = lax.stop_gradient(reported) + slope * (sigma - lax.stop_gradient(sigma))
+    return jnp.where(unit < 1, carried, reported)
+
+
+def reported_sigma(statistics: Statistics) -> jnp.ndarray:
+    """``sigma_hat`` of ``x`` itself (:func:`jaxnorm.functional.batch_stats`): ``sqrt(var) / unit``, its
+    derivative 0 where the variance is 0 (a constant group) and, in a huge group, that of
+    :attr:`Statistics.sigma` where it is given."""
+    sigma = _sqrt_zero_slope_at_zero(statistics.var)
+    if statistics.unit is None:
+        return sigma
+    sigma = sigma / statistics.unit
+    if statistics.sigma is None:
+        return sigma
+    return jnp.where(statistics.unit < 1, statistics.sigma, sigma)
+
+
+@jax.custom_jvp
+def _sqrt_zero_slope_at_zero(var: jnp.ndarray) -> jnp.ndarray:
+    """``sqrt(var)`` whose derivative is 0 where ``var == 0`` (a constant group), not ``inf * 0 = NaN``."""
+    return jnp.sqrt(var)
+
+
+@_sqrt_zero_slope_at_zero.defjvp
+def _sqrt_zero_slope_at_zero_jvp(primals, tangents):
+    (var,), (var_dot,) = primals, tangents
+    sigma = jnp.sqrt(var)
+    return sigma, jnp.where(var > 0, var_dot / (2 * jnp.where(var > 0, sigma, 1)), 0)
 
 
 def tiny_unit(dtype: jnp.dtype) -> float:
