@@ -556,11 +556,13 @@ TINY_CASES = {
         jnnx.GroupNorm(4, num_groups=2, p="inf", epsilon=0.0, rngs=nnx.Rngs(0))
     )(x),
 }
-TINY_EXPONENTS_P2 = (20, 40, 50, 56)
+TINY_EXPONENTS_P2 = (20, 40, 56, 70, 90, 110)
 """p = 2 squares the deviations: below ``2^-56`` some squares fall under the smallest normal float32
-number (XLA flushes them to zero), so the variance itself is inexact there (documented)."""
-TINY_EXPONENTS = (20, 40, 60, 70, 80, 90)
-"""p != 2 never squares ``x``: exact while ``sigma_hat * tiny_unit`` squared is normal (``2^-95``)."""
+number (XLA flushes them to zero); such groups are taken again on ``x * underflow_unit`` (before, exact
+only to ``2^-56``: the output shrank toward 0 from ``sigma_hat ~ 1e-19``)."""
+TINY_EXPONENTS = (20, 40, 60, 70, 80, 90, 100, 110)
+"""p != 2 never squares ``x``: exact while ``sigma_hat`` times a power of ``tiny_unit`` squared is
+normal (before, one power: exact only to ``2^-95``)."""
 
 
 TINY_SLOW = (
@@ -574,6 +576,19 @@ TINY_SLOW = (
     "name", [pytest.param(n, marks=[pytest.mark.slow] if n in TINY_SLOW else []) for n in sorted(TINY_CASES)]
 )
 def test_norms_at_epsilon_zero_are_exact_on_tiny_input(name):
+    _assert_exact_on_tiny_input(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["batch_norm", "layer_norm_axes", "group_norm", "rms_norm_masked", "batch_norm_p=1", "layer_norm"]
+)
+def test_norms_at_epsilon_zero_are_exact_on_tiny_input_accelerator_forms(accelerator_forms, name):
+    """The same with every ``per_platform`` choice taking its GPU / TPU form."""
+    accelerator_forms()
+    _assert_exact_on_tiny_input(name)
+
+
+def _assert_exact_on_tiny_input(name):
     fn = TINY_CASES[name]
     p2 = not any(tag in name for tag in ("p=1", "p=inf", "top-"))
     r = jnp.asarray(np.random.default_rng(13).normal(size=IMG), jnp.float32)

@@ -27,7 +27,16 @@ from jaxnorm.functional.moments import (
 )
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
-from jaxnorm.functional.units import Statistics, huge_unit, in_range, lift_tiny, select_in_unit
+from jaxnorm.functional.units import (
+    Statistics,
+    huge_unit,
+    in_range,
+    lift_tiny,
+    rescues,
+    select_in_unit,
+    underflow_unit,
+    underflows,
+)
 
 __all__ = ["l2_statistics"]
 
@@ -91,14 +100,23 @@ def _merged_l2(
     the merge."""
     count, mean, var = _l2_in_unit(x, mask, layout, options)
     plain = in_range(mean, var)
+    # with options.tiny_groups, groups whose variance underflows are taken again in underflow_unit
+    tiny = (count > 0) & underflows(var) if options.tiny_groups else jnp.zeros_like(plain)
+
+    def in_unit(unit: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+        return _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)[1:]
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-        unit = huge_unit(var.dtype)
-        _, mean_u, var_u = _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)
-        return select_in_unit(plain, (mean, var), (mean_u, var_u), unit)
+        statistics = select_in_unit(plain, (mean, var), in_unit(huge_unit(var.dtype)), huge_unit(var.dtype))
+        if not options.tiny_groups:
+            return statistics
+        tiny_unit = underflow_unit(var.dtype)
+        rescued = in_unit(tiny_unit)
+        # a constant group stays in unit 1, where epsilon's floor bounds its gradient
+        return select_in_unit(~tiny | ~rescues(rescued[1]), statistics, rescued, tiny_unit)
 
     # the count stays outside the conditional: a constant where there is no mask
-    return count, *lax.cond(jnp.all(plain), lambda: (mean, var, jnp.ones_like(var)), rescaled)
+    return count, *lax.cond(jnp.all(plain & ~tiny), lambda: (mean, var, jnp.ones_like(var)), rescaled)
 
 
 def _local_l2(
@@ -107,7 +125,7 @@ def _local_l2(
     """``(count, mean, var, unit)`` of groups that need no merge: the unit is chosen inside the
     conditional that already takes the careful pass (:func:`~jaxnorm.functional.moments.mean_m2_unit`)."""
     count = element_count(x, axes, mask)
-    mean, m2, unit = mean_m2_unit(x, count, mask, axes, options.use_fast_variance)
+    mean, m2, unit = mean_m2_unit(x, count, mask, axes, options.use_fast_variance, True, options.tiny_groups)
     moments = masked_mean(Moments(count, mean, m2), mask)
     var = empty_statistics(moments.m2 / jnp.maximum(count, 1), count, mask)
     return count, moments.mean, var, unit

@@ -19,7 +19,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.functional.platform import per_platform, separate_reads
-from jaxnorm.functional.units import huge_unit, in_range, select_in_unit
+from jaxnorm.functional.units import (
+    huge_unit,
+    in_range,
+    rescues,
+    select_in_unit,
+    underflow_unit,
+    underflows,
+)
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -149,17 +156,63 @@ def mean_m2_unit(
     axes: tuple[int, ...],
     one_pass: bool,
     rescale: bool = True,
+    tiny_groups: bool = False,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Mean, M2 and unit of every group of ``x`` over ``axes`` (see :func:`local_moments`): with
     ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself leaves
-    :func:`~jaxnorm.functional.units.in_range`; ``unit = 1`` elsewhere. XLA:CPU takes the careful pass
-    and the unit behind conditionals (:func:`_mean_m2_unit_branching`); GPU and TPU, which run both
+    :func:`~jaxnorm.functional.units.in_range` (``unit`` :func:`~jaxnorm.functional.units.huge_unit`)
+    and, with ``tiny_groups``, where its variance :func:`~jaxnorm.functional.units.underflows` (``unit``
+    :func:`~jaxnorm.functional.units.underflow_unit`); ``unit = 1`` elsewhere. XLA:CPU takes the careful
+    pass and the unit behind conditionals (:func:`_mean_m2_unit_branching`); GPU and TPU, which run both
     branches of such a conditional (XLA turns it into selects), take both always, in two reads of ``x``
     (:func:`_mean_m2_unit_fused`): :func:`~jaxnorm.functional.platform.per_platform`."""
     return per_platform(
-        lambda: _mean_m2_unit_branching(x, count, mask, axes, one_pass, rescale),
-        lambda: _mean_m2_unit_fused(x, count, mask, axes, rescale),
+        lambda: _mean_m2_unit_branching(x, count, mask, axes, one_pass, rescale, tiny_groups),
+        lambda: _mean_m2_unit_fused(x, count, mask, axes, rescale, tiny_groups),
     )
+
+
+def _kept_in_x_scale(
+    mean: jnp.ndarray, m2: jnp.ndarray, count: jnp.ndarray, tiny_groups: bool
+) -> jnp.ndarray:
+    """Per group, whether the statistics of ``x`` itself stand: :func:`~jaxnorm.functional.units.in_range`
+    and, with ``tiny_groups``, a variance that does not :func:`~jaxnorm.functional.units.underflows`
+    (an empty group stands: it has no statistics to rescue)."""
+    kept = in_range(mean, m2)
+    if tiny_groups:
+        kept = kept & ((count == 0) | ~underflows(m2 / jnp.maximum(count, 1)))
+    return kept
+
+
+def _statistics_in_units(
+    values: jnp.ndarray,
+    plain: tuple[jnp.ndarray, jnp.ndarray],
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    tiny_groups: bool,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``(mean, M2, unit)``: the ``plain`` statistics of ``values`` (``x`` widened, zero where masked) where
+    they stand, else those of ``values * unit``: :func:`~jaxnorm.functional.units.huge_unit` out of
+    range, :func:`~jaxnorm.functional.units.underflow_unit` where the variance underflows (with
+    ``tiny_groups``; a constant group stays in unit 1). One careful pass over ``values`` per unit."""
+    safe_count = jnp.maximum(count, 1)
+
+    def in_unit(unit: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+        scaled = values * unit
+        centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
+        return _shifted_pass(scaled, centre, mask, axes, safe_count)
+
+    huge = huge_unit(plain[0].dtype)
+    statistics = select_in_unit(in_range(*plain), plain, in_unit(huge), huge)
+    if not tiny_groups:
+        return statistics
+    tiny = underflow_unit(plain[0].dtype)
+    rescued = in_unit(tiny)
+    # a constant group stays in unit 1, where epsilon's floor bounds its gradient: M2 0 in any unit,
+    # or the rounding of its deviations squared, inf where its values are not small
+    keep = (count == 0) | ~underflows(plain[1] / safe_count) | ~rescues(rescued[1])
+    return select_in_unit(keep, statistics, rescued, tiny)
 
 
 def _shifted_pass(
@@ -178,24 +231,25 @@ def _shifted_pass(
 
 
 def _mean_m2_unit_fused(
-    x: jnp.ndarray, count: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...], rescale: bool
+    x: jnp.ndarray,
+    count: jnp.ndarray,
+    mask: jnp.ndarray | None,
+    axes: tuple[int, ...],
+    rescale: bool,
+    tiny_groups: bool,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """The GPU / TPU form of :func:`mean_m2_unit`, no conditional: one read of ``x`` for ``sum x`` (and,
     with ``rescale``, ``sum x * unit``), one for the shifted-data pass about each mean (sibling
-    reductions that XLA fuses), then per group the plain statistics where they are
-    :func:`~jaxnorm.functional.units.in_range`, else those of ``x * unit``. Always the careful pass:
-    exact for cancellation and constant groups, whatever the mean."""
+    reductions that XLA fuses), then per group the plain statistics where they stand, else those of
+    ``x * unit`` (:func:`_statistics_in_units`). Always the careful pass: exact for cancellation and
+    constant groups, whatever the mean."""
     safe_count = jnp.maximum(count, 1)
     values = _widen(x, mask)
     mean = jnp.sum(values, axis=axes, keepdims=True) / safe_count
     plain = _shifted_pass(x, mean, mask, axes, safe_count)
     if not rescale:
         return (*plain, jnp.ones_like(mean))
-    unit = huge_unit(mean.dtype)
-    scaled_values = values * unit
-    centre = jnp.sum(scaled_values, axis=axes, keepdims=True) / safe_count
-    scaled = _shifted_pass(scaled_values, centre, mask, axes, safe_count)
-    return select_in_unit(in_range(*plain), plain, scaled, unit)
+    return _statistics_in_units(values, plain, count, mask, axes, tiny_groups)
 
 
 def _mean_m2_unit_branching(
@@ -205,6 +259,7 @@ def _mean_m2_unit_branching(
     axes: tuple[int, ...],
     one_pass: bool,
     rescale: bool,
+    tiny_groups: bool = False,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """XLA:CPU's form of :func:`mean_m2_unit`: the one-pass raw sums where every group is well
     conditioned, else the careful pass behind a :func:`jax.lax.cond`, and the unit found inside the
@@ -216,29 +271,26 @@ def _mean_m2_unit_branching(
     mean = total / safe_count
     ones = jnp.ones_like(mean)
 
-    def shifted_pass(values: jnp.ndarray, centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-        return _shifted_pass(values, centre, mask, axes, safe_count)
-
     def careful() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-        shifted_mean, shifted_m2 = shifted_pass(x, mean)
+        shifted = _shifted_pass(x, mean, mask, axes, safe_count)
         if not rescale:
-            return shifted_mean, shifted_m2, ones
-        plain = in_range(shifted_mean, shifted_m2)
-
-        def in_unit() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-            unit = huge_unit(mean.dtype)
-            scaled = _widen(x, mask) * unit
-            centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-            return select_in_unit(plain, (shifted_mean, shifted_m2), shifted_pass(scaled, centre), unit)
-
-        return lax.cond(jnp.all(plain), lambda: (shifted_mean, shifted_m2, ones), in_unit)
+            return (*shifted, ones)
+        return lax.cond(
+            jnp.all(_kept_in_x_scale(*shifted, count, tiny_groups)),
+            lambda: (*shifted, ones),
+            lambda: _statistics_in_units(_widen(x, mask), shifted, count, mask, axes, tiny_groups),
+        )
 
     if last_axis or not one_pass:
         return careful()
     raw_m2 = jnp.sum(jnp.square(_widen(square_source, mask)), axis=axes, keepdims=True) - total * mean
-    # groups that may need the unit (huge input, in_range false) take the careful pass too
+    # groups that may need a unit (huge input, in_range false; an underflowing variance) take the
+    # careful pass too
     well_conditioned = total * mean <= CONDITION_LIMIT * raw_m2
-    representable = in_range(mean, raw_m2) if rescale else jnp.isfinite(raw_m2)
+    if rescale:
+        representable = _kept_in_x_scale(mean, raw_m2, count, tiny_groups)
+    else:
+        representable = jnp.isfinite(raw_m2)
     well_conditioned = jnp.all(well_conditioned & representable)
     return lax.cond(well_conditioned, lambda: (mean, jnp.maximum(raw_m2, 0), ones), careful)
 

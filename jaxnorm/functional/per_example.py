@@ -35,7 +35,17 @@ from jaxnorm.functional.last_axis import last_axis_norm
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.units import Statistics, huge_unit, in_range, inverse_std, lift_tiny, needs_tiny_unit
+from jaxnorm.functional.units import (
+    Statistics,
+    huge_unit,
+    in_range,
+    inverse_std,
+    lift_tiny,
+    needs_tiny_unit,
+    rescues,
+    underflow_unit,
+    underflows,
+)
 
 __all__ = ["group_norm", "instance_norm", "layer_norm", "per_example_norm", "rms_norm"]
 
@@ -63,7 +73,9 @@ def per_example_norm(
     check_axis_name(axis_name)
     mask = check_mask(mask, x)
     dtype = dtype or x.dtype
-    plain = mask is None and groups is None and axis_name is None
+    tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
+    # the last-axis kernel keeps no underflowing row in a unit: epsilon = 0 takes the general path
+    plain = mask is None and groups is None and axis_name is None and not tiny_groups
     if p == 2 and axes == (x.ndim - 1,) and plain:
         ones = jnp.ones((), stats_dtype(x))
         y = last_axis_norm(
@@ -74,7 +86,6 @@ def per_example_norm(
         )
         return y.astype(dtype)
     x = widened_float16(x)
-    tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
     statistics = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
@@ -202,11 +213,13 @@ def rms_norm(
     mask = check_mask(mask, x)
     check_broadcasts(scale, x.shape, "scale")
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    if axes == (x.ndim - 1,) and mask is None and axis_name is None:
+    tiny_groups = needs_tiny_unit(epsilon, x32.dtype)
+    # the last-axis kernel keeps no underflowing row in a unit: epsilon = 0 takes the general path
+    if axes == (x.ndim - 1,) and mask is None and axis_name is None and not tiny_groups:
         ones = jnp.ones((), x32.dtype)
         y = last_axis_norm(x32, ones if scale is None else scale, jnp.zeros((), x32.dtype), epsilon, False)
         return y.astype(x.dtype)
-    reduction = _SquareReduction(axes, axis_name, axis_index_groups, needs_tiny_unit(epsilon, x32.dtype))
+    reduction = _SquareReduction(axes, axis_name, axis_index_groups, tiny_groups)
     mean_square, unit = _mean_square_in_unit(x32, mask, reduction)
     inv = inverse_std(Statistics(jnp.zeros((), x32.dtype), mean_square, unit), epsilon)
     return ((x32 * unit) * (inv if scale is None else inv * scale)).astype(x.dtype)
@@ -249,15 +262,21 @@ def _mean_square_in_unit(
     where it is tiny (:func:`~jaxnorm.functional.units.lift_tiny`). Derivative (custom JVP, no
     conditional in the backward pass): ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
     mean_square = _masked_mean(jnp.square(x), mask, r, 1)
+    ones = jnp.ones_like(mean_square)
     plain = in_range(mean_square, mean_square)
+    # with r.tiny_groups, rows whose mean square underflows are taken again in underflow_unit
+    tiny = underflows(mean_square) if r.tiny_groups else jnp.zeros_like(plain)
+
+    def in_unit(unit: float, kept: jnp.ndarray, statistics: tuple) -> tuple[jnp.ndarray, jnp.ndarray]:
+        scaled = _masked_mean(jnp.square(x * unit), mask, r, 1)
+        kept = kept | ~rescues(scaled)  # a row of zeros stays in unit 1, where epsilon's floor bounds it
+        return jnp.where(kept, statistics[0], scaled), jnp.where(kept, statistics[1], unit).astype(x.dtype)
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray]:
-        unit = huge_unit(x.dtype)
-        scaled = _masked_mean(jnp.square(x * unit), mask, r, 1)
-        return jnp.where(plain, mean_square, scaled), jnp.where(plain, 1, unit).astype(x.dtype)
+        statistics = in_unit(huge_unit(x.dtype), plain, (mean_square, ones))
+        return in_unit(underflow_unit(x.dtype), ~tiny, statistics) if r.tiny_groups else statistics
 
-    plain_statistics = lambda: (mean_square, jnp.ones_like(mean_square))
-    mean_square, unit = lax.cond(jnp.all(plain), plain_statistics, rescaled)
+    mean_square, unit = lax.cond(jnp.all(plain & ~tiny), lambda: (mean_square, ones), rescaled)
     return lift_tiny(mean_square, unit) if r.tiny_groups else (mean_square, unit)
 
 

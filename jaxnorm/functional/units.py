@@ -24,7 +24,9 @@ is huge, and the variance's cotangent, of order ``n / sigma_hat^2`` times the in
 ``sigma_hat ~ 2^-60`` in float32 although the gradient itself (``~ 1 / sigma_hat``) is finite. Such
 groups (:func:`is_tiny`: variance below ``2^(-emax / 2)``) are kept in :func:`tiny_unit`, ``2^32`` in
 float32 (:func:`lift_tiny`, :func:`variance_in_unit`): no other pass over ``x``, the same power-of-two
-rescaling of statistics already taken, inside the statistics' own derivative.
+rescaling of statistics already taken, inside the statistics' own derivative. Below ``sigma_hat ~
+2^-63`` the L2 statistics themselves fail (the squared deviations underflow): such groups are taken again
+on ``x * underflow_unit`` (:func:`underflow_unit`, :func:`underflows`, :func:`rescues`).
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ __all__ = [
     "lift_tiny",
     "needs_tiny_unit",
     "reported_sigma",
+    "rescues",
     "select_in_unit",
     "tiny_unit",
     "true_variance",
+    "underflow_unit",
+    "underflows",
     "variance_in_unit",
 ]
 
@@ -98,19 +103,48 @@ def in_range(mean: jnp.ndarray, spread: jnp.ndarray) -> jnp.ndarray:
 
 def select_in_unit(
     in_range: jnp.ndarray,
-    plain: tuple[jnp.ndarray, jnp.ndarray],
+    plain: tuple[jnp.ndarray, ...],
     scaled: tuple[jnp.ndarray, jnp.ndarray],
     unit: float,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """Per group, ``(mean, spread, unit)``: the ``plain`` statistics of ``x`` (``unit = 1``) where
-    ``in_range``, else the ``scaled`` ones of ``x * unit``, whose mean is taken back to ``x``'s scale
-    (``spread``: M2 or the variance, left in the unit)."""
-    (mean, spread), (scaled_mean, scaled_spread) = plain, scaled
+    """Per group, ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` (``unit
+    = 1``; or ``(mean, spread, unit)`` already chosen) where ``in_range``, else the ``scaled`` ones of
+    ``x * unit``, whose mean is taken back to ``x``'s scale (``spread``: M2 or the variance, left in the
+    unit)."""
+    mean, spread, plain_unit = plain if len(plain) == 3 else (*plain, 1)
+    scaled_mean, scaled_spread = scaled
     return (
         jnp.where(in_range, mean, scaled_mean / unit),
         jnp.where(in_range, spread, scaled_spread),
-        jnp.where(in_range, 1, unit).astype(spread.dtype),
+        jnp.where(in_range, plain_unit, unit).astype(spread.dtype),
     )
+
+
+def underflow_unit(dtype: jnp.dtype) -> float:
+    """``2^(emax / 2)`` of ``dtype`` (``2^64`` in float32, ``2^512`` in float64): the scale of ``x`` for
+    L2 groups whose variance :func:`underflows` where ``epsilon`` is 0 (:func:`needs_tiny_unit`).
+
+    Their squared deviations leave the normal numbers from ``|x - mean| ~ 2^-63`` (flushed to 0 on
+    XLA:CPU), so the variance of ``x`` itself is wrong long before the variance of ``x * unit``:
+    with ``sigma_hat`` from the smallest normal number to ``2^-32``, ``(sigma_hat * unit)^2`` lies
+    between ``2^-124`` and ``2^64``. A variance only rescaled afterwards (:func:`lift_tiny`) keeps the
+    error; with ``epsilon = 0`` it was floored, and such groups came out shrunk toward 0."""
+    return 2.0 ** (jnp.finfo(dtype).maxexp // 2)
+
+
+def rescues(scaled_spread: jnp.ndarray) -> jnp.ndarray:
+    """Per group, whether the spread (variance or M2) of ``x * underflow_unit`` replaces an underflowing
+    one: positive and finite. A constant group keeps unit 1, where ``epsilon``'s floor bounds its
+    gradient: its spread is 0 in any unit, or, where the deviations about a rounded centre do not
+    cancel exactly, the rounding of its values squared (inf where they are not small)."""
+    return (scaled_spread > 0) & jnp.isfinite(scaled_spread)
+
+
+def underflows(var: jnp.ndarray) -> jnp.ndarray:
+    """Per group, a variance below :func:`is_tiny`'s bound, zero included (an underflowed sum of
+    squares is 0 like a constant group's, and the two cannot be told apart from it); not NaN (an
+    overflowed one, ``inf - inf``, which :func:`in_range` leaves to the huge unit)."""
+    return (var >= 0) & _below_tiny_bound(var)
 
 
 def variance_in_unit(
@@ -118,20 +152,24 @@ def variance_in_unit(
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``((sigma_hat * unit)^2, unit, sigma_hat)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and
     top-k ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond, and,
-    with ``tiny_groups`` (:func:`needs_tiny_unit`), :func:`tiny_unit` where ``sigma_hat^2`` :func:`is_tiny`
-    or underflows. Per group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1
-    in ``x``, so ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times
-    ``sigma_hat`` is exact (ordinary groups keep ``sigma_hat^2`` bit for bit). ``sigma_hat`` itself is
-    returned for :attr:`Statistics.sigma`."""
+    with ``tiny_groups`` (:func:`needs_tiny_unit`), the power of :func:`tiny_unit` (up to
+    :data:`_TINY_LIFTS`) that takes a ``sigma_hat^2`` that :func:`is_tiny` or underflows out of it. Per
+    group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1 in ``x``, so
+    ``(sigma_hat * unit)^2`` is the variance of ``x * unit``, and a power of two times ``sigma_hat`` is
+    exact (ordinary groups keep ``sigma_hat^2`` bit for bit). ``sigma_hat`` itself is returned for
+    :attr:`Statistics.sigma`."""
     # a dispersion whose sums overflowed (taken again in a unit, :mod:`jaxnorm.functional.dispersion`)
     # has no derivative here: its square's, inf times the zero cotangent, would be NaN
     dispersion = jnp.where(jnp.isfinite(dispersion), dispersion, lax.stop_gradient(dispersion))
     square = jnp.square(dispersion)
     plain = in_range(dispersion, square)
     dtype = dispersion.dtype
-    small = 1
+    small = jnp.ones_like(dispersion)
     if tiny_groups:  # sigma_hat^2 tiny, or underflowed to 0 from a positive sigma_hat
-        small = jnp.where((dispersion > 0) & _below_tiny_bound(square), tiny_unit(dtype), 1)
+        for _ in range(_TINY_LIFTS):
+            lifted = dispersion * small
+            still_tiny = (lifted > 0) & _below_tiny_bound(jnp.square(lifted))
+            small = jnp.where(still_tiny, small * tiny_unit(dtype), small)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
     return jnp.square(dispersion * unit), unit, dispersion
 
@@ -184,6 +222,13 @@ def _sqrt_zero_slope_at_zero_jvp(primals, tangents):
     (var,), (var_dot,) = primals, tangents
     sigma = jnp.sqrt(var)
     return sigma, jnp.where(var > 0, var_dot / (2 * jnp.where(var > 0, sigma, 1)), 0)
+
+
+_TINY_LIFTS = 3
+"""How many times :func:`variance_in_unit` lifts a tiny ``sigma_hat`` by :func:`tiny_unit`: once puts
+``sigma_hat`` from ``2^-64`` up in ``[2^-32, 2^0)``, three times the smallest normal ``sigma_hat``
+(``2^-126`` in float32) at ``2^-30``, whose square is a normal number (one lift left the variance of
+``sigma_hat < 2^-95`` underflowing, and ``epsilon = 0`` shrank such groups' output toward 0)."""
 
 
 def tiny_unit(dtype: jnp.dtype) -> float:
