@@ -176,8 +176,9 @@ def variance_in_unit(
 
 def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     """``sigma_hat**2`` of ``x`` itself, the largest finite number where it overflows the dtype (what the
-    running statistics and :func:`jaxnorm.functional.batch_moments` hold); in a huge group (``unit < 1``)
-    with the derivative ``2 sigma_hat d sigma_hat`` of :attr:`Statistics.sigma`, where it is given."""
+    running statistics and :func:`jaxnorm.functional.batch_moments` hold); in a group held in a unit
+    (``unit != 1``) with the derivative ``2 sigma_hat d sigma_hat`` of :attr:`Statistics.sigma`, where
+    it is given."""
     var, unit = statistics.var, statistics.unit
     if var is None or unit is None:
         return var
@@ -195,12 +196,12 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
     slope = lax.stop_gradient(jnp.where(in_x_scale < top, 2 * statistics.sigma, 0))
     sigma = jnp.where(in_x_scale < top, statistics.sigma, 0)
     carried = lax.stop_gradient(reported) + slope * (sigma - lax.stop_gradient(sigma))
-    return jnp.where(unit < 1, carried, reported)
+    return jnp.where(unit == 1, reported, carried)
 
 
 def reported_sigma(statistics: Statistics) -> jnp.ndarray:
     """``sigma_hat`` of ``x`` itself (:func:`jaxnorm.functional.batch_stats`): ``sqrt(var) / unit``, its
-    derivative 0 where the variance is 0 (a constant group) and, in a huge group, that of
+    derivative 0 where the variance is 0 (a constant group) and, in a group held in a unit, that of
     :attr:`Statistics.sigma` where it is given."""
     sigma = _sqrt_zero_slope_at_zero(statistics.var)
     if statistics.unit is None:
@@ -208,7 +209,7 @@ def reported_sigma(statistics: Statistics) -> jnp.ndarray:
     sigma = sigma / statistics.unit
     if statistics.sigma is None:
         return sigma
-    return jnp.where(statistics.unit < 1, statistics.sigma, sigma)
+    return jnp.where(statistics.unit == 1, sigma, statistics.sigma)
 
 
 @jax.custom_jvp
