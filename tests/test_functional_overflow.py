@@ -792,3 +792,39 @@ def test_reported_variance_gradient_of_a_group_in_the_unit_merged(p):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.max(np.abs(want)))
 
 
+
+
+MIXED_SCALES = np.array([1.0, 2.0**-100, 1e25, 0.0, 0.0, 2.0**-70])
+"""Channels of one call at ordinary, tiny (below the underflow of the squares), huge (in the huge unit)
+scales, a constant channel of an inexact value and a zero channel."""
+
+
+@pytest.mark.parametrize("form", ["cpu", "default"])
+@pytest.mark.parametrize("p", [2, 1])
+def test_mixed_magnitudes_in_one_call_at_epsilon_zero(accelerator_forms, p, form):
+    """Every channel at its own scale, in one batch / instance / vmapped batch norm at ``epsilon = 0``:
+    each equals the float64 oracle ``(x - mean) / sigma_hat`` to float32 rounding (constant channels
+    exactly 0), with a finite gradient, in XLA:CPU's form and the GPU / TPU form."""
+    if form == "default":
+        accelerator_forms()
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(32, 6)) + 0.3) * MIXED_SCALES
+    x[:, 3] = 1.2345678e6
+    x = x.astype(np.float32)
+    d = x.astype(np.float64) - x.astype(np.float64).mean(0)
+    sigma = np.sqrt(np.mean(d**2, 0)) if p == 2 else np.sqrt(np.pi / 2) * np.mean(np.abs(d), 0)
+    want = np.where(sigma > 0, d / np.where(sigma > 0, sigma, 1), 0)
+    norms = {
+        "batch": lambda a: F.batch_norm(a, p=p, epsilon=0.0),
+        "vmapped": lambda a: jax.vmap(
+            lambda b: F.batch_norm(b, p=p, epsilon=0.0, axis_name="d"), axis_name="d"
+        )(a.reshape(4, 8, 6)).reshape(32, 6),
+        "instance": lambda a: F.instance_norm(a.reshape(1, 32, 1, 6), p=p, epsilon=0.0).reshape(32, 6),
+    }
+    weights = jnp.cos(jnp.arange(32.0))[:, None]
+    for name, fn in norms.items():
+        y = np.asarray(jax.jit(fn)(jnp.asarray(x)), np.float64)
+        g = jax.jit(jax.grad(lambda a, fn=fn: jnp.sum(fn(a) * weights)))(jnp.asarray(x))
+        assert np.all(np.isfinite(np.asarray(g))), name
+        np.testing.assert_allclose(y, want, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(y[:, 3:5], 0.0, err_msg=name)
