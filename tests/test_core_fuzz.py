@@ -340,7 +340,16 @@ MODULE_SPECS = [
          make=_nnx(lambda p: jnnx.RMSNorm(16, rngs=nnx.Rngs(0)))),
 ]
 
-SPECS = {s.name: s for s in FUNCTION_SPECS + WEIGHT_SPECS + MODULE_SPECS}
+STATISTIC_SPECS = [
+    # the statistics themselves, (mean, sigma_hat) and (mean, sigma_hat^2) stacked: finite output and
+    # gradients on every kind of input (a huge group's were inf / NaN through its variance in the unit)
+    Spec("batch_stats", BN_SHAPE, per_last, ALL_P, centered=False, kind="statistic",
+         dtypes=("float32", "float64"),
+         make=_fn(lambda p: lambda x, q, m: jnp.stack(F.batch_stats(x, mask=m, **p_kwargs(p))))),
+    Spec("batch_moments", BN_SHAPE, per_last, ALL_P, centered=False, kind="statistic", dtypes=("float32",),
+         make=_fn(lambda p: lambda x, q, m: jnp.stack(F.batch_moments(x, mask=m, **p_kwargs(p))))),
+]
+SPECS = {s.name: s for s in FUNCTION_SPECS + WEIGHT_SPECS + MODULE_SPECS + STATISTIC_SPECS}
 
 
 def _cases():
@@ -350,6 +359,8 @@ def _cases():
     functions) in one dtype each, rotating through the four."""
     cases, turn = [], 0
     for spec in SPECS.values():
+        if spec.kind == "statistic":  # no normalized output: the finiteness test alone (STATISTIC_CASES)
+            continue
         for i, p in enumerate(spec.ps):
             if spec.kind == "module":
                 cases.append((spec.name, p, DTYPES[turn % len(DTYPES)]))
@@ -365,6 +376,7 @@ def _cases():
 
 CASES = _cases()
 CASE_IDS = [f"{n}-p={p}-{d}" for n, p, d in CASES]
+STATISTIC_CASES = [(s.name, p, d) for s in STATISTIC_SPECS for p in s.ps for d in s.dtypes]
 
 
 @functools.cache
@@ -427,7 +439,9 @@ def assert_finite(name, p, x, out, mask=None, what=""):
 # Inputs
 
 INEXACT_CONSTANTS = (12345.678, 1.2345678e6, -3.3, 0.1, 7.0, -2.7e4, 1e-3, 333.3333)
-HUGE = {"float32": (1e19, 1e30), "bfloat16": (1e19, 1e30), "float16": (3e4, 6e4), "float64": (1e150, 1e300)}
+HUGE = {
+    "float32": (1e17, 1e19, 1e30), "bfloat16": (1e19, 1e30), "float16": (3e4, 6e4), "float64": (1e150, 1e300)
+}
 TINY = {"float32": (1e-40, 3e-45), "bfloat16": (1e-39,), "float16": (1e-7, 6e-8), "float64": (1e-310,)}
 KINDS = ("normal", "constant_all", "constant_group", "zeros", "zero_group", "one_nonzero", "huge",
          "huge_group", "tiny", "tiny_group")
@@ -500,7 +514,11 @@ def _kind_values(family, dtype_name, value):
 
 
 @pytest.mark.parametrize("family", list(KIND_FAMILIES))
-@pytest.mark.parametrize(("name", "p", "dtype_name"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(
+    ("name", "p", "dtype_name"),
+    CASES + STATISTIC_CASES,
+    ids=CASE_IDS + [f"{n}-p={p}-{d}" for n, p, d in STATISTIC_CASES],
+)
 @fuzz(3)
 @given(seed=st.integers(0, 2**16), value=st.integers(0, 7))
 def test_finite_output_and_gradients_and_constant_is_zero(name, p, dtype_name, family, seed, value):
