@@ -8,7 +8,8 @@ dispersion reduces, exact means, extremes), :mod:`.dispersion` (sigma_hat per p 
 :mod:`.units` (statistics of huge and tiny groups kept in a unit), :mod:`.batch` (batch statistics and
 batch norm), :mod:`.normalize` (the normalization and affine map every norm ends in),
 :mod:`.per_example` (layer / group / instance / RMS norm), :mod:`.last_axis` (their fused kernels over
-the last axis), :mod:`.normprop` (NormProp's ReLU), :mod:`.weight` (weight-space normalizations),
+the last axis), :mod:`.complex_norm` (complex input, as flax), :mod:`.normprop` (NormProp's ReLU),
+:mod:`.weight` (weight-space normalizations),
 :mod:`.magnitude` (EDM2's magnitude-preserving blocks), :mod:`.platform` (the XLA:CPU-only scheduling
 forms), :mod:`.layers` (the Flax modules' forward passes). ``stats`` and ``activation`` are
 compatibility re-exports of the first ones.

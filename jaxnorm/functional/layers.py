@@ -18,7 +18,6 @@ from jax import lax
 from jaxnorm.functional._checks import (
     PNorm,
     canonical_axes,
-    canonical_p,
     check_epsilon,
     check_floating,
     check_mask,
@@ -27,6 +26,7 @@ from jaxnorm.functional._checks import (
 )
 from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
+from jaxnorm.functional.complex_norm import check_complex_p, complex_moments, complex_normalize
 from jaxnorm.functional.dispersion import deviations_in_unit
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
@@ -40,6 +40,7 @@ __all__ = [
     "batch_norm_layer",
     "check_instance_feature_axes",
     "complex_batch_norm_layer",
+    "complex_per_example_layer",
     "group_norm_layer",
     "layer_norm_layer",
     "num_groups_of",
@@ -115,10 +116,13 @@ def batch_norm_layer(
     out_dtype = _output_dtype(dtype, x, scale, bias)
     scale, bias = _expand(scale, shape), _expand(bias, shape)
     if use_running_average:
+        # in the statistics dtype of x (float64 for float64 x, as flax promotes them): the float32 running
+        # statistics' rsqrt taken in float32 left float64 output one float32 rounding off
+        wide = stats_dtype(x)
+        mean = running_mean.reshape(shape).astype(jnp.promote_types(running_mean.dtype, wide))
         var = None if options.mean_only else running_var.reshape(shape)
-        y = normalize(
-            x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype
-        )
+        var = None if var is None else var.astype(jnp.promote_types(var.dtype, wide))
+        y = normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
         return BatchNormOutput(y, running_mean, running_var)
 
     x = widened_float16(x)
@@ -234,12 +238,9 @@ def complex_batch_norm_layer(
     mask: jnp.ndarray | None = None,
     dtype: jnp.dtype | None = None,
 ) -> BatchNormOutput:
-    """BatchNorm of complex ``x`` as flax computes it: complex mean ``mu = E[x]``, real variance
-    ``E|x - mu|^2 = E|x|^2 - |mu|^2`` (clipped at 0), ``y = (x - mu) * rsqrt(var + epsilon) * scale +
-    bias``; the running mean becomes complex as flax's does. Only ``p = 2`` is defined for complex data
-    (Norm matters' Lp dispersions are for real data)."""
-    if canonical_p(p) != 2:
-        raise TypeError(f"complex x is supported with p=2 only (as flax's BatchNorm), got p={p!r}")
+    """BatchNorm of complex ``x`` as flax computes it (:mod:`jaxnorm.functional.complex_norm`): complex
+    mean, real variance ``E|x - mu|^2``; the running mean becomes complex as flax's does. ``p = 2`` only."""
+    check_complex_p(p, "BatchNorm")
     momentum, epsilon = check_momentum(momentum), check_epsilon(epsilon)
     feature_axes = canonical_axes(axis, x.ndim, "axis")
     reduce_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
@@ -249,25 +250,66 @@ def complex_batch_norm_layer(
     if use_running_average:
         mean, var = running_mean.reshape(shape), running_var.reshape(shape)
     else:
-        x_c = x.astype(jnp.promote_types(x.dtype, jnp.complex64))
-        mask = check_mask(mask, x)
-        abs_sq = jnp.real(x_c * jnp.conj(x_c))
-        mean = jnp.mean(x_c, reduce_axes, keepdims=True, where=mask)
-        mean2 = jnp.mean(abs_sq, reduce_axes, keepdims=True, where=mask)
-        if axis_name is not None:
-            mean, mean2 = lax.pmean((mean, mean2), axis_name, axis_index_groups=axis_index_groups)
-        var = jnp.maximum(0.0, mean2 - jnp.real(mean * jnp.conj(mean)))
-    y = (x - mean) * lax.rsqrt(var + epsilon)
-    if scale is not None:
-        y = y * scale
-    if bias is not None:
-        y = y + bias
-    y = y.astype(out_dtype)
+        mean, var = complex_moments(
+            x, reduce_axes, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
+        )
+    y = complex_normalize(x, mean, var, epsilon=epsilon, scale=scale, bias=bias, dtype=out_dtype)
     if use_running_average or not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)
     new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(mean).reshape(running_mean.shape)
     new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(var).reshape(running_var.shape)
     return BatchNormOutput(y, new_mean, new_var)
+
+
+def complex_per_example_layer(
+    x: jnp.ndarray,
+    axes: tuple[int, ...],
+    *,
+    scale: jnp.ndarray | None,
+    bias: jnp.ndarray | None,
+    feature_shape: tuple[int, ...],
+    epsilon: float,
+    p: PNorm | float = 2,
+    num_groups: int | None = None,
+    centred: bool = True,
+    use_fast_variance: bool = True,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+    dtype: jnp.dtype | None = None,
+    layer: str = "LayerNorm",
+) -> jnp.ndarray:
+    """Layer / instance / group / RMS norm of complex ``x`` as flax computes it
+    (:mod:`jaxnorm.functional.complex_norm`), over ``axes`` (and, with ``num_groups``, over the channels
+    of each group of the last axis). ``p = 2`` only."""
+    check_complex_p(p, layer)
+    grouped = x
+    if num_groups is not None:  # (..., C) -> (..., G, C / G), reduced over the channels of a group too
+        grouped = x.reshape(*x.shape[:-1], num_groups, x.shape[-1] // num_groups)
+        mask = None if mask is None else jnp.broadcast_to(mask, x.shape).reshape(grouped.shape)
+        axes = (*axes, x.ndim)
+    mean, var = complex_moments(
+        grouped,
+        axes,
+        centred=centred,
+        use_fast_variance=use_fast_variance,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+    )
+    if num_groups is not None:  # each group's statistics on each of its channels
+        mean, var = (
+            jnp.repeat(a, grouped.shape[-1], axis=-1).reshape(*a.shape[:-2], x.shape[-1]) for a in (mean, var)
+        )
+    return complex_normalize(
+        x,
+        mean,
+        var,
+        epsilon=epsilon,
+        scale=_expand(scale, feature_shape),
+        bias=_expand(bias, feature_shape),
+        dtype=_output_dtype(dtype, x, scale, bias),
+    )
 
 
 INSTANCE_BATCH_AXIS_MESSAGE = (
@@ -298,10 +340,18 @@ def layer_norm_layer(
     dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
     """LayerNorm / InstanceNorm layer: per-example Lp normalization over ``reduction_axes``, then
-    ``scale`` and ``bias`` along ``feature_axes`` (Ba et al. 2016, Sec. 3)."""
-    check_floating(x, "x")
+    ``scale`` and ``bias`` along ``feature_axes`` (Ba et al. 2016, Sec. 3); complex ``x`` as flax
+    (:func:`complex_per_example_layer`)."""
+    if not jnp.iscomplexobj(x):
+        check_floating(x, "x")
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
+    if jnp.iscomplexobj(x):
+        return complex_per_example_layer(
+            x, axes, scale=scale, bias=bias, feature_shape=shape, epsilon=epsilon, p=p,
+            use_fast_variance=use_fast_variance, mask=mask, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, dtype=dtype,
+        )
     return per_example_norm(
         x,
         axes,
@@ -334,8 +384,10 @@ def group_norm_layer(
     dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
     """GroupNorm layer (Wu & He 2018, Eq. 1-3), channels last, Lp dispersion; see
-    :func:`jaxnorm.functional.group_norm` for the per-channel-then-group reduction."""
-    check_floating(x, "x")
+    :func:`jaxnorm.functional.group_norm` for the per-channel-then-group reduction; complex ``x`` as
+    flax (:func:`complex_per_example_layer`)."""
+    if not jnp.iscomplexobj(x):
+        check_floating(x, "x")
     groups = num_groups_of(x.shape[-1], num_groups, group_size)
     if reduction_axes is None:
         axes = tuple(range(1, x.ndim - 1))
@@ -345,6 +397,12 @@ def group_norm_layer(
             raise ValueError(f"reduction_axes={reduction_axes!r} must include the last (channel) axis")
         axes = axes[:-1]
     shape = _feature_shape(x, (x.ndim - 1,))
+    if jnp.iscomplexobj(x):
+        return complex_per_example_layer(
+            x, axes, scale=scale, bias=bias, feature_shape=shape, epsilon=epsilon, p=p, num_groups=groups,
+            use_fast_variance=use_fast_variance, mask=mask, axis_name=axis_name,
+            axis_index_groups=axis_index_groups, dtype=dtype, layer="GroupNorm",
+        )
     return per_example_norm(
         x,
         axes,
@@ -373,10 +431,17 @@ def rms_norm_layer(
     mask: jnp.ndarray | None = None,
     dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
-    """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``."""
-    check_floating(x, "x")  # before the cast to the compute dtype, which would hide an integer x
+    """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``; complex
+    ``x`` as flax, with ``mean |x|^2`` (:func:`complex_per_example_layer`)."""
+    if not jnp.iscomplexobj(x):
+        check_floating(x, "x")  # before the cast to the compute dtype, which would hide an integer x
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     reduction_axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
+    if jnp.iscomplexobj(x):
+        return complex_per_example_layer(
+            x, reduction_axes, scale=scale, bias=None, feature_shape=shape, epsilon=epsilon, centred=False,
+            mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, layer="RMSNorm",
+        )
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
     if scale is not None:
         compute_dtype = jnp.promote_types(compute_dtype, scale.dtype)

@@ -1,0 +1,93 @@
+"""Normalization of complex input, as flax computes it (``flax.linen.normalization._compute_stats``):
+the complex mean ``mu = E[x]`` and the real variance ``E|x - mu|^2``, then
+
+    y = (x - mu) * rsqrt(var + epsilon) * scale + bias
+
+(RMS norm: ``mu = 0``, ``var = E|x|^2``). Only ``p = 2``: Norm matters' L1 / L∞ dispersions are of real
+data. The statistics are those of flax, not of jaxnorm's real path (no unit for huge groups, no exact
+mean for constant ones): a module's complex numbers match flax's.
+
+With ``use_fast_variance`` the variance is ``E|x|^2 - |E x|^2`` clipped at 0 (one pass), else
+``E|x - E x|^2``. With ``mask`` the means are over its True elements; with ``axis_name`` each device's
+means are averaged (``pmean``, equal weight per device, as flax: jaxnorm's real path instead weighs each
+element once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm.functional._checks import PNorm, canonical_p, check_epsilon, check_mask
+from jaxnorm.functional.collectives import AxisIndexGroups
+
+__all__ = ["check_complex_p", "complex_moments", "complex_normalize"]
+
+
+def check_complex_p(p: PNorm | float, layer: str) -> None:
+    """Complex input takes ``p = 2`` only: a ``TypeError`` naming ``p`` otherwise."""
+    if canonical_p(p) != 2:
+        raise TypeError(f"complex x is supported with p=2 only (as flax's {layer}), got p={p!r}")
+
+
+def _abs_square(x: jnp.ndarray) -> jnp.ndarray:
+    """``|x|^2`` as flax writes it, ``re^2 + im^2``."""
+    if jnp.iscomplexobj(x):
+        return lax.square(lax.real(x)) + lax.square(lax.imag(x))
+    return lax.square(x)
+
+
+def complex_moments(
+    x: jnp.ndarray,
+    axes: tuple[int, ...],
+    *,
+    centred: bool = True,
+    use_fast_variance: bool = True,
+    mask: jnp.ndarray | None = None,
+    axis_name: str | Sequence[str] | None = None,
+    axis_index_groups: AxisIndexGroups = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(mu, var)`` of complex ``x`` over ``axes``, keepdims, in ``x``'s dtype promoted to complex64
+    (``var`` real); ``centred=False``: ``(0, E|x|^2)``."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.complex64))
+    mask = check_mask(mask, x)
+
+    def mean(*values: jnp.ndarray) -> tuple[jnp.ndarray, ...]:
+        means = tuple(jnp.mean(v, axes, keepdims=True, where=mask) for v in values)
+        if axis_name is None:
+            return means
+        return lax.pmean(means, axis_name, axis_index_groups=axis_index_groups)
+
+    if not centred:
+        (var,) = mean(_abs_square(x))
+        return jnp.zeros_like(var), var
+    if use_fast_variance:
+        mu, mean_square = mean(x, _abs_square(x))
+        return mu, jnp.maximum(0.0, mean_square - _abs_square(mu))
+    (mu,) = mean(x)
+    (var,) = mean(_abs_square(x - mu))
+    return mu, var
+
+
+def complex_normalize(
+    x: jnp.ndarray,
+    mean: jnp.ndarray,
+    var: jnp.ndarray,
+    *,
+    epsilon: float,
+    scale: jnp.ndarray | None = None,
+    bias: jnp.ndarray | None = None,
+    dtype: jnp.dtype | None = None,
+) -> jnp.ndarray:
+    """``(x - mean) * (rsqrt(var + epsilon) * scale) + bias`` in the order flax writes it, cast to
+    ``dtype`` (default: ``x``'s)."""
+    epsilon = check_epsilon(epsilon)
+    factor = lax.rsqrt(var + epsilon)
+    if scale is not None:
+        factor = factor * scale
+    y = (x - mean) * factor
+    if bias is not None:
+        y = y + bias
+    return y.astype(dtype or x.dtype)
