@@ -601,20 +601,44 @@ def test_issue_examples_are_in_the_table():
 
 
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
-def test_batch_norm_evaluation_of_float64_input_is_float64_accurate(x64, framework):
-    """Evaluation of float64 input from the float32 running statistics takes their rsqrt in float64, as
-    flax promotes them (before: in float32, one float32 rounding, ~6e-8 relative, off a float64 oracle)."""
+def test_batch_norm_evaluation_of_float64_input_like_flax(x64, framework):
+    """Evaluation of float64 input from float32 running statistics, bit for bit with flax: flax.nnx
+    promotes the statistics to float64 (float64-accurate; before, jaxnorm.nnx took their rsqrt in float32,
+    ~6e-8 off), flax.linen takes their rsqrt in float32 (and so does jaxnorm.nn)."""
     x = jnp.asarray(np.random.default_rng(0).normal(2.0, 1.0, (8, 5)), jnp.float64)
     mean = jnp.asarray([0.1, -0.2, 0.3, 1.7, -3.1], jnp.float32)
     var = jnp.asarray([0.3, 0.7, 1.1, 2.9, 0.013], jnp.float32)
     if framework == "linen":
-        layer = jn.BatchNorm(use_running_average=True)
-        variables = layer.init(KEY, x)
-        y = layer.apply({**variables, "batch_stats": {"mean": mean, "var": var}}, x)
+        ours, theirs = jn.BatchNorm(use_running_average=True), fnn.BatchNorm(use_running_average=True)
+        variables = {**theirs.init(KEY, x), "batch_stats": {"mean": mean, "var": var}}
+        y, want = ours.apply(variables, x), theirs.apply(variables, x)
     else:
-        layer = jnnx.BatchNorm(5, use_running_average=True, rngs=nnx.Rngs(0))
-        layer.mean[...], layer.var[...] = mean, var
-        y = layer(x)
-    want = (np.asarray(x) - np.asarray(mean, np.float64)) / np.sqrt(np.asarray(var, np.float64) + 1e-5)
-    assert y.dtype == jnp.float64
-    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-13)
+        ours = jnnx.BatchNorm(5, use_running_average=True, rngs=nnx.Rngs(0))
+        theirs = nnx.BatchNorm(5, use_running_average=True, rngs=nnx.Rngs(0))
+        for layer in (ours, theirs):
+            layer.mean[...], layer.var[...] = mean, var
+        y, want = ours(x), theirs(x)
+        oracle = (np.asarray(x) - np.asarray(mean, np.float64)) / np.sqrt(np.asarray(var, np.float64) + 1e-5)
+        np.testing.assert_allclose(np.asarray(y), oracle, rtol=1e-13)
+    assert y.dtype == want.dtype == jnp.float64
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+
+
+@pytest.mark.parametrize(
+    "layer, kwargs", [("LayerNorm", {}), ("GroupNorm", {"num_groups": 2}), ("RMSNorm", {})]
+)
+def test_complex_input_with_a_module_dtype_like_flax(x64, layer, kwargs):
+    """flax takes complex statistics in ``promote_types(dtype, float32)``: a complex128 ``dtype`` on
+    complex64 input gives flax's numbers bit for bit; a real ``dtype`` (flax would discard the imaginary
+    part) raises a TypeError naming ``dtype``."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(2, 8)) + 1j * rng.normal(size=(2, 8)) + 0.5, jnp.complex64)
+    ours, theirs = getattr(jn, layer)(**kwargs, dtype=jnp.complex128), getattr(fnn, layer)(
+        **kwargs, dtype=jnp.complex128
+    )
+    variables = theirs.init(KEY, x)
+    y, want = ours.apply(variables, x), theirs.apply(variables, x)
+    assert y.dtype == want.dtype == jnp.complex128
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+    with pytest.raises(TypeError, match="dtype"):
+        getattr(jn, layer)(**kwargs, dtype=jnp.float32).init(KEY, x)

@@ -828,3 +828,58 @@ def test_mixed_magnitudes_in_one_call_at_epsilon_zero(accelerator_forms, p, form
         assert np.all(np.isfinite(np.asarray(g))), name
         np.testing.assert_allclose(y, want, atol=1e-6, err_msg=name)
         np.testing.assert_array_equal(y[:, 3:5], 0.0, err_msg=name)
+
+
+@pytest.mark.parametrize("p", [2, 1])
+def test_subnormal_epsilon_on_tiny_input(p):
+    """``epsilon = 1e-38`` (subnormal in float32) on input of scale 1e-30: ``(x - mean) / sqrt(sigma_hat^2
+    + epsilon)`` against float64, in batch, layer and RMS norm. Held in a unit, the subnormal epsilon
+    was flushed to 0 as an operand of ``epsilon * unit^2``: the output of ``epsilon = 0`` (~1e11 times
+    too large)."""
+    eps = 1e-38
+    x = (np.random.default_rng(2).normal(size=(16, 4)) * 1e-30).astype(np.float32)
+    x64 = x.astype(np.float64)
+
+    def oracle(values, axis, centred=True):
+        d = values - values.mean(axis, keepdims=True) if centred else values
+        if p == 1 and centred:
+            sigma = np.sqrt(np.pi / 2) * np.abs(d).mean(axis, keepdims=True)
+        else:
+            sigma = np.sqrt(np.mean(d**2, axis, keepdims=True))
+        return d / np.sqrt(sigma**2 + eps)
+
+    cases = {
+        "batch": (lambda a: F.batch_norm(a, p=p, epsilon=eps), oracle(x64, 0)),
+        "layer": (lambda a: F.layer_norm(a, p=p, epsilon=eps), oracle(x64, -1)),
+        "rms": (lambda a: F.rms_norm(a, epsilon=eps), oracle(x64, -1, centred=False)),
+    }
+    for name, (fn, want) in cases.items():
+        if name == "rms" and p != 2:
+            continue
+        got = np.asarray(jax.jit(fn)(jnp.asarray(x)), np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("p", [2, 1, "inf"])
+def test_batch_stats_sigma_whose_square_underflows(p):
+    """``batch_stats`` returns ``sigma_hat`` itself: 1.6e-25 is a float32 number although its square is
+    not (before: 0 at p = 2 and 1, from the underflowed variance)."""
+    x = (np.random.default_rng(3).normal(size=(64, 2)) * np.array([1e-25, 1.0])).astype(np.float32)
+    _, sigma = F.batch_stats(jnp.asarray(x), p=p)
+    _, sigma_unit = F.batch_stats(jnp.asarray(x * np.array([1e25, 1.0], np.float32)), p=p)
+    np.testing.assert_allclose(np.asarray(sigma)[0] * 1e25, np.asarray(sigma_unit)[0], rtol=1e-5)
+
+
+def test_ghost_batch_running_variance_of_a_huge_channel_is_clipped_not_inf():
+    """With ``virtual_batch_size`` the running variance is the mean of the ghost batches' variances, each
+    clipped to the float32 maximum for a channel at 1e30: summed first, they overflowed (inf)."""
+    from jaxnorm.functional.layers import batch_norm_layer
+    from jaxnorm.functional.options import BatchOptions
+
+    x = (np.random.default_rng(4).normal(size=(16, 2)) * np.array([1.0, 1e30])).astype(np.float32)
+    out = batch_norm_layer(
+        jnp.asarray(x), running_mean=jnp.zeros(2), running_var=jnp.ones(2), scale=None, bias=None,
+        use_running_average=False, momentum=0.9, options=BatchOptions(virtual_batch_size=4),
+    )
+    assert np.all(np.isfinite(np.asarray(out.running_var)))
+    assert float(out.running_var[1]) > 3e36

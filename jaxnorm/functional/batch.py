@@ -239,6 +239,8 @@ def batch_stats(
     """
     check_floating(x, "x")
     options = check_batch_options(p, topk, calibration, virtual_batch_size, False, use_fast_variance)
+    # tiny groups kept in a unit, as at epsilon = 0: a sigma_hat whose square underflows is still a float
+    options = options._replace(tiny_groups=True)
     statistics = batch_statistics_with_unit(
         x, options, axis=axis, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
     )

@@ -23,13 +23,26 @@ from jax import lax
 from jaxnorm.functional._checks import PNorm, canonical_p, check_epsilon, check_mask
 from jaxnorm.functional.collectives import AxisIndexGroups
 
-__all__ = ["check_complex_p", "complex_moments", "complex_normalize"]
+__all__ = ["check_complex_p", "complex_moments", "complex_normalize", "complex_statistics_dtype"]
 
 
 def check_complex_p(p: PNorm | float, layer: str) -> None:
     """Complex input takes ``p = 2`` only: a ``TypeError`` naming ``p`` otherwise."""
     if canonical_p(p) != 2:
         raise TypeError(f"complex x is supported with p=2 only (as flax's {layer}), got p={p!r}")
+
+
+def complex_statistics_dtype(x: jnp.ndarray, dtype: jnp.dtype | None) -> jnp.dtype:
+    """flax's rule for the statistics: ``promote_types(dtype, float32)`` (``dtype``: the module's, else
+    ``x``'s). A real ``dtype`` for complex ``x`` raises a ``TypeError`` naming ``dtype``: flax casts ``x``
+    to it, discarding the imaginary part (a ``ComplexWarning``), which no caller means."""
+    wide = jnp.promote_types(x.dtype if dtype is None else dtype, jnp.float32)
+    if not jnp.issubdtype(wide, jnp.complexfloating):
+        raise TypeError(
+            f"dtype={jnp.dtype(dtype).name} is real but x is {x.dtype}: its imaginary part would be "
+            "discarded (flax casts it away); pass a complex dtype or None"
+        )
+    return wide
 
 
 def _abs_square(x: jnp.ndarray) -> jnp.ndarray:
@@ -48,10 +61,11 @@ def complex_moments(
     mask: jnp.ndarray | None = None,
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
+    dtype: jnp.dtype | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(mu, var)`` of complex ``x`` over ``axes``, keepdims, in ``x``'s dtype promoted to complex64
-    (``var`` real); ``centred=False``: ``(0, E|x|^2)``."""
-    x = x.astype(jnp.promote_types(x.dtype, jnp.complex64))
+    """``(mu, var)`` of complex ``x`` over ``axes``, keepdims, in :func:`complex_statistics_dtype` of
+    ``x`` and the module's ``dtype`` (``var`` real); ``centred=False``: ``(0, E|x|^2)``."""
+    x = x.astype(complex_statistics_dtype(x, dtype))
     mask = check_mask(mask, x)
 
     def mean(*values: jnp.ndarray) -> tuple[jnp.ndarray, ...]:

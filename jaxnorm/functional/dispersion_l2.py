@@ -82,7 +82,7 @@ def _l2_in_unit(
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _l2_with_unit(
     x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``(count, mean, var, unit, sigma_hat)``; see :func:`l2_statistics`."""
     if layout.groups is None and layout.axis_name is None:
         count, mean, var, unit = _local_l2(x, mask, layout.axes, options)

@@ -116,13 +116,11 @@ def batch_norm_layer(
     out_dtype = _output_dtype(dtype, x, scale, bias)
     scale, bias = _expand(scale, shape), _expand(bias, shape)
     if use_running_average:
-        # in the statistics dtype of x (float64 for float64 x, as flax promotes them): the float32 running
-        # statistics' rsqrt taken in float32 left float64 output one float32 rounding off
-        wide = stats_dtype(x)
-        mean = running_mean.reshape(shape).astype(jnp.promote_types(running_mean.dtype, wide))
+        # in the running statistics' dtype, as flax.linen (the NNX module promotes them first, as flax.nnx)
         var = None if options.mean_only else running_var.reshape(shape)
-        var = None if var is None else var.astype(jnp.promote_types(var.dtype, wide))
-        y = normalize(x, mean, var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype)
+        y = normalize(
+            x, running_mean.reshape(shape), var, scale=scale, bias=bias, epsilon=epsilon, dtype=out_dtype
+        )
         return BatchNormOutput(y, running_mean, running_var)
 
     x = widened_float16(x)
@@ -205,7 +203,9 @@ def _running_update(
         weights = jnp.broadcast_to(occupied, mean.shape).astype(acc)
     if ghosts:
         total = jnp.sum(weights, axis=0)
-        average = lambda stat: jnp.sum(stat * weights, axis=0) / jnp.maximum(total, 1)
+        # each weight over the total before the sum: ghost variances clipped to the dtype's maximum
+        # average to it, where their sum overflowed (inf running variance)
+        average = lambda stat: jnp.sum(stat * (weights / jnp.maximum(total, 1)), axis=0)
     else:
         total = weights
         average = lambda stat: stat
@@ -251,7 +251,7 @@ def complex_batch_norm_layer(
         mean, var = running_mean.reshape(shape), running_var.reshape(shape)
     else:
         mean, var = complex_moments(
-            x, reduce_axes, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups
+            x, reduce_axes, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype
         )
     y = complex_normalize(x, mean, var, epsilon=epsilon, scale=scale, bias=bias, dtype=out_dtype)
     if use_running_average or not update_running_stats:
@@ -296,6 +296,7 @@ def complex_per_example_layer(
         mask=mask,
         axis_name=axis_name,
         axis_index_groups=axis_index_groups,
+        dtype=dtype,
     )
     if num_groups is not None:  # each group's statistics on each of its channels
         mean, var = (

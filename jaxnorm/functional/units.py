@@ -63,12 +63,13 @@ class Statistics(NamedTuple):
     Attributes:
       mean: the mean ``mu`` of ``x``.
       var: ``sigma_hat**2`` of ``x * unit`` (``None``: mean-only normalization).
-      unit: 1, or :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`
-        (``None``: 1 everywhere).
+      unit: 1, :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`, or, at
+        ``epsilon = 0``, a power of two above 1 for tiny groups (:func:`lift_tiny`,
+        :func:`underflow_unit`; ``None``: 1 everywhere).
       sigma: ``sigma_hat`` of ``x`` itself, whose derivative is taken in ``x``'s scale (``None``: not
-        computed). What :func:`true_variance` and :func:`reported_sigma` differentiate in huge groups:
-        through ``var`` the cotangent of ``var / unit^2`` is ``2^192`` times the variance's (inf in
-        float32) before the unit's small factors cancel it.
+        computed). What :func:`true_variance` and :func:`reported_sigma` differentiate in groups held in
+        a unit: through ``var`` the cotangent of ``var / unit^2`` is ``2^192`` times the variance's in a
+        huge group (inf in float32) before the unit's small factors cancel it.
     """
 
     mean: jnp.ndarray
@@ -102,21 +103,21 @@ def in_range(mean: jnp.ndarray, spread: jnp.ndarray) -> jnp.ndarray:
 
 
 def select_in_unit(
-    in_range: jnp.ndarray,
+    keep: jnp.ndarray,
     plain: tuple[jnp.ndarray, ...],
     scaled: tuple[jnp.ndarray, jnp.ndarray],
     unit: float,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Per group, ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` (``unit
-    = 1``; or ``(mean, spread, unit)`` already chosen) where ``in_range``, else the ``scaled`` ones of
-    ``x * unit``, whose mean is taken back to ``x``'s scale (``spread``: M2 or the variance, left in the
-    unit)."""
+    = 1``; or ``(mean, spread, unit)`` already chosen) where ``keep`` (e.g. :func:`in_range`), else the
+    ``scaled`` ones of ``x * unit``, whose mean is taken back to ``x``'s scale (``spread``: M2 or the
+    variance, left in the unit)."""
     mean, spread, plain_unit = plain if len(plain) == 3 else (*plain, 1)
     scaled_mean, scaled_spread = scaled
     return (
-        jnp.where(in_range, mean, scaled_mean / unit),
-        jnp.where(in_range, spread, scaled_spread),
-        jnp.where(in_range, plain_unit, unit).astype(spread.dtype),
+        jnp.where(keep, mean, scaled_mean / unit),
+        jnp.where(keep, spread, scaled_spread),
+        jnp.where(keep, plain_unit, unit).astype(spread.dtype),
     )
 
 
@@ -200,16 +201,15 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
 
 
 def reported_sigma(statistics: Statistics) -> jnp.ndarray:
-    """``sigma_hat`` of ``x`` itself (:func:`jaxnorm.functional.batch_stats`): ``sqrt(var) / unit``, its
-    derivative 0 where the variance is 0 (a constant group) and, in a group held in a unit, that of
-    :attr:`Statistics.sigma` where it is given."""
+    """``sigma_hat`` of ``x`` itself (:func:`jaxnorm.functional.batch_stats`): :attr:`Statistics.sigma`
+    where it is given and positive (exact where its square underflows, its derivative in ``x``'s scale),
+    else ``sqrt(var) / unit``, whose derivative is 0 where the variance is 0 (a constant group)."""
     sigma = _sqrt_zero_slope_at_zero(statistics.var)
-    if statistics.unit is None:
-        return sigma
-    sigma = sigma / statistics.unit
+    if statistics.unit is not None:
+        sigma = sigma / statistics.unit
     if statistics.sigma is None:
         return sigma
-    return jnp.where(statistics.unit == 1, sigma, statistics.sigma)
+    return jnp.where(statistics.sigma > 0, statistics.sigma, sigma)
 
 
 @jax.custom_jvp
@@ -283,8 +283,16 @@ def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = Non
     ``0 * rsqrt(0)``, NaN; with the floor it normalizes to exactly 0, with the derivative 0 through its
     variance, and every group whose (unit's) variance is a normal number is unchanged. A static
     choice: an ``epsilon`` of at least that number gives the same program as without the floor."""
-    total = var + (epsilon if unit is None else epsilon * unit * unit)
     tiny = float(jnp.finfo(var.dtype).tiny)
+    if unit is None:
+        total = var + epsilon
+    elif 0 < epsilon < tiny:
+        # a subnormal epsilon is flushed to 0 as an operand (XLA:CPU): scaled into the normal numbers
+        # first, then times the unit's two factors (a tiny group's unit is up to 2^96)
+        lift = 2.0 ** (jnp.finfo(var.dtype).maxexp // 2)
+        total = var + (epsilon * lift) * unit * (unit / lift)
+    else:
+        total = var + epsilon * unit * unit
     # a select, not jnp.maximum: the derivative of a floored group is then 0, where maximum's would be
     # an overflowed cotangent times 0 (NaN)
     return total if epsilon >= tiny else jnp.where(total < tiny, tiny, total)

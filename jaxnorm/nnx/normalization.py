@@ -185,8 +185,14 @@ class BatchNorm(_Affine):
             )
         feature_axes = _check_features(x, self.axis, self.num_features, "axis")
         x, scale, bias = self._promoted(x, allow_complex=True, statistics=(self.mean[...], self.var[...]))
+        running_mean, running_var = self.mean[...], self.var[...]
+        if use_running_average and not jnp.iscomplexobj(x):
+            # evaluation in the wider of the statistics' and x's dtypes, as flax.nnx promotes them: float64
+            # x is normalized in float64 (flax.linen, and jaxnorm.nn, take the float32 statistics' rsqrt)
+            wide = jnp.promote_types(running_var.dtype, x.dtype)
+            running_mean, running_var = running_mean.astype(wide), running_var.astype(wide)
         out = layers.batch_norm_layer(
-            x, running_mean=self.mean[...], running_var=self.var[...], scale=scale, bias=bias,
+            x, running_mean=running_mean, running_var=running_var, scale=scale, bias=bias,
             use_running_average=use_running_average, axis=feature_axes, momentum=self.momentum,
             epsilon=self.epsilon, options=self.options, axis_name=self.axis_name,
             axis_index_groups=self.axis_index_groups, mask=mask, dtype=self.dtype,
