@@ -376,8 +376,8 @@ RMS_LAST_AXIS_GAP = pytest.mark.xfail(
     ON_CPU,
     strict=True,
     reason="documented CPU gap: XLA:CPU's one fused kernel of last-axis RMS norm gives zeros for rows whose "
-    "mean square overflows (2^64 on), as flax's; every scaled form tried cost 1.4-3x flax there "
-    "(docs/benchmarks.md). GPU/TPU take rms_row_statistics: test_rms_norm_default_form_*",
+    "sum of squares overflows (rms > 1.8e19 / sqrt(n)), as flax's; every scaled form tried cost 1.4-3x flax "
+    "there (docs/benchmarks.md). GPU/TPU take rms_row_statistics: test_rms_norm_default_form_*",
 )
 
 

@@ -96,7 +96,8 @@ def row_statistics(
 def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(inv, unit)`` of RMS norm over the last axis, ``y = (x * unit) * inv``:
     ``inv = rsqrt(mean((x * unit)^2) + eps unit^2)``, ``unit = 1`` where the row's mean square is
-    finite, else :func:`~jaxnorm.functional.units.huge_unit` (``rms > 1.8e19`` in float32). Both mean
+    finite (its sum of squares too), else :func:`~jaxnorm.functional.units.huge_unit` (``rms > 1.8e19 /
+    sqrt(n)`` in float32). Both mean
     squares are taken, sibling reductions of one read of the row, and selected per row without a
     conditional (``epsilon unit^2`` is below rounding where the unit is not 1:
     :mod:`~jaxnorm.functional.units`)."""
@@ -115,8 +116,9 @@ def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp
 
 def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
     """:func:`rms_row_statistics` as XLA:CPU fuses it into one kernel with the normalization: one mean
-    square, ``unit = 1``; a row whose mean square overflows (``rms > 1.8e19`` in float32) comes out as
-    zeros, as in flax (documented in ``docs/functional.md``, "Huge activations")."""
+    square, ``unit = 1``; a row whose sum of squares overflows (``rms > 1.8e19 / sqrt(n)`` in float32,
+    ``n`` the row's length) comes out as zeros, as in flax (documented in ``docs/functional.md``, "Huge
+    activations")."""
     mean_square = _row_mean_square(_widen(x))
     return lax.rsqrt(add_epsilon(mean_square, epsilon)), jnp.ones_like(mean_square)
 
