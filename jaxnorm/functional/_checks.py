@@ -30,14 +30,17 @@ def canonical_p(p: object, name: str = "p") -> PNorm:
     raise ValueError(f"{name} must be 1, 2 or 'inf' (float('inf') also accepted), got {p!r}")
 
 
-def check_floating(x: jnp.ndarray, name: str = "x") -> None:
-    """Raise ``TypeError`` unless ``x`` is an array (or scalar) with a floating dtype."""
+def check_floating(x: jnp.ndarray, name: str = "x", allow_complex: bool = False) -> None:
+    """Raise ``TypeError`` unless ``x`` is an array (or scalar) with a floating dtype (or, with
+    ``allow_complex``, a complex one: the layers that take complex input as flax's do)."""
     try:
         if x is None:
             raise TypeError
         dtype = jnp.result_type(x)
     except TypeError:  # a list, None, a string: no dtype at all
         raise TypeError(f"{name} must be an array with a floating dtype, got {type(x).__name__}") from None
+    if allow_complex and jnp.issubdtype(dtype, jnp.complexfloating):
+        return
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(
             f"{name} must have a floating dtype (float32, bfloat16, float16, float64), "

@@ -31,8 +31,8 @@ from jaxnorm.functional.units import (
     Statistics,
     huge_unit,
     in_range,
+    kept_after_rescue,
     lift_tiny,
-    rescues,
     select_in_unit,
     underflow_unit,
     underflows,
@@ -107,13 +107,13 @@ def _merged_l2(
         return _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)[1:]
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-        statistics = select_in_unit(plain, (mean, var), in_unit(huge_unit(var.dtype)), huge_unit(var.dtype))
+        huge = huge_unit(var.dtype)
+        statistics = select_in_unit(plain, (mean, var), in_unit(huge), huge)
         if not options.tiny_groups:
             return statistics
         tiny_unit = underflow_unit(var.dtype)
         rescued = in_unit(tiny_unit)
-        # a constant group stays in unit 1, where epsilon's floor bounds its gradient
-        return select_in_unit(~tiny | ~rescues(rescued[1]), statistics, rescued, tiny_unit)
+        return select_in_unit(kept_after_rescue(tiny, rescued[1]), statistics, rescued, tiny_unit)
 
     # the count stays outside the conditional: a constant where there is no mask
     return count, *lax.cond(jnp.all(plain & ~tiny), lambda: (mean, var, jnp.ones_like(var)), rescaled)

@@ -343,8 +343,7 @@ def layer_norm_layer(
     """LayerNorm / InstanceNorm layer: per-example Lp normalization over ``reduction_axes``, then
     ``scale`` and ``bias`` along ``feature_axes`` (Ba et al. 2016, Sec. 3); complex ``x`` as flax
     (:func:`complex_per_example_layer`)."""
-    if not jnp.iscomplexobj(x):
-        check_floating(x, "x")
+    check_floating(x, "x", allow_complex=True)
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     if jnp.iscomplexobj(x):
@@ -387,8 +386,7 @@ def group_norm_layer(
     """GroupNorm layer (Wu & He 2018, Eq. 1-3), channels last, Lp dispersion; see
     :func:`jaxnorm.functional.group_norm` for the per-channel-then-group reduction; complex ``x`` as
     flax (:func:`complex_per_example_layer`)."""
-    if not jnp.iscomplexobj(x):
-        check_floating(x, "x")
+    check_floating(x, "x", allow_complex=True)
     groups = num_groups_of(x.shape[-1], num_groups, group_size)
     if reduction_axes is None:
         axes = tuple(range(1, x.ndim - 1))
@@ -434,8 +432,8 @@ def rms_norm_layer(
 ) -> jnp.ndarray:
     """RMSNorm layer (Zhang & Sennrich 2019, Eq. 4): ``x * rsqrt(mean(x^2) + epsilon) * scale``; complex
     ``x`` as flax, with ``mean |x|^2`` (:func:`complex_per_example_layer`)."""
-    if not jnp.iscomplexobj(x):
-        check_floating(x, "x")  # before the cast to the compute dtype, which would hide an integer x
+    # before the cast to the compute dtype, which would hide an integer x
+    check_floating(x, "x", allow_complex=True)
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     reduction_axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     if jnp.iscomplexobj(x):

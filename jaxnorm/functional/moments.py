@@ -22,7 +22,7 @@ from jaxnorm.functional.platform import per_platform, separate_reads
 from jaxnorm.functional.units import (
     huge_unit,
     in_range,
-    rescues,
+    kept_after_rescue,
     select_in_unit,
     underflow_unit,
     underflows,
@@ -176,12 +176,17 @@ def _kept_in_x_scale(
     mean: jnp.ndarray, m2: jnp.ndarray, count: jnp.ndarray, tiny_groups: bool
 ) -> jnp.ndarray:
     """Per group, whether the statistics of ``x`` itself stand: :func:`~jaxnorm.functional.units.in_range`
-    and, with ``tiny_groups``, a variance that does not :func:`~jaxnorm.functional.units.underflows`
-    (an empty group stands: it has no statistics to rescue)."""
+    and, with ``tiny_groups``, not :func:`_underflowing`."""
     kept = in_range(mean, m2)
     if tiny_groups:
-        kept = kept & ((count == 0) | ~underflows(m2 / jnp.maximum(count, 1)))
+        kept = kept & ~_underflowing(m2, count)
     return kept
+
+
+def _underflowing(m2: jnp.ndarray, count: jnp.ndarray) -> jnp.ndarray:
+    """Per group, a variance ``M2 / n`` that :func:`~jaxnorm.functional.units.underflows` (an empty group
+    does not: it has no statistics to rescue)."""
+    return (count > 0) & underflows(m2 / jnp.maximum(count, 1))
 
 
 def _statistics_in_units(
@@ -209,9 +214,7 @@ def _statistics_in_units(
         return statistics
     tiny = underflow_unit(plain[0].dtype)
     rescued = in_unit(tiny)
-    # a constant group stays in unit 1, where epsilon's floor bounds its gradient: M2 0 in any unit,
-    # or the rounding of its deviations squared, inf where its values are not small
-    keep = (count == 0) | ~underflows(plain[1] / safe_count) | ~rescues(rescued[1])
+    keep = kept_after_rescue(_underflowing(plain[1], count), rescued[1])
     return select_in_unit(keep, statistics, rescued, tiny)
 
 

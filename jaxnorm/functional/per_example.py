@@ -40,9 +40,9 @@ from jaxnorm.functional.units import (
     huge_unit,
     in_range,
     inverse_std,
+    kept_after_rescue,
     lift_tiny,
     needs_tiny_unit,
-    rescues,
     underflow_unit,
     underflows,
 )
@@ -267,14 +267,20 @@ def _mean_square_in_unit(
     # with r.tiny_groups, rows whose mean square underflows are taken again in underflow_unit
     tiny = underflows(mean_square) if r.tiny_groups else jnp.zeros_like(plain)
 
-    def in_unit(unit: float, kept: jnp.ndarray, statistics: tuple) -> tuple[jnp.ndarray, jnp.ndarray]:
-        scaled = _masked_mean(jnp.square(x * unit), mask, r, 1)
-        kept = kept | ~rescues(scaled)  # a row of zeros stays in unit 1, where epsilon's floor bounds it
+    def in_unit(unit: float) -> jnp.ndarray:
+        return _masked_mean(jnp.square(x * unit), mask, r, 1)
+
+    def select(kept: jnp.ndarray, statistics: tuple, scaled: jnp.ndarray, unit: float) -> tuple:
         return jnp.where(kept, statistics[0], scaled), jnp.where(kept, statistics[1], unit).astype(x.dtype)
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray]:
-        statistics = in_unit(huge_unit(x.dtype), plain, (mean_square, ones))
-        return in_unit(underflow_unit(x.dtype), ~tiny, statistics) if r.tiny_groups else statistics
+        huge = huge_unit(x.dtype)
+        statistics = select(plain, (mean_square, ones), in_unit(huge), huge)
+        if not r.tiny_groups:
+            return statistics
+        tiny_unit = underflow_unit(x.dtype)
+        rescued = in_unit(tiny_unit)  # a row of zeros stays in unit 1, where epsilon's floor bounds it
+        return select(kept_after_rescue(tiny, rescued), statistics, rescued, tiny_unit)
 
     mean_square, unit = lax.cond(jnp.all(plain & ~tiny), lambda: (mean_square, ones), rescaled)
     return lift_tiny(mean_square, unit) if r.tiny_groups else (mean_square, unit)

@@ -26,7 +26,7 @@ groups (:func:`is_tiny`: variance below ``2^(-emax / 2)``) are kept in :func:`ti
 float32 (:func:`lift_tiny`, :func:`variance_in_unit`): no other pass over ``x``, the same power-of-two
 rescaling of statistics already taken, inside the statistics' own derivative. Below ``sigma_hat ~
 2^-63`` the L2 statistics themselves fail (the squared deviations underflow): such groups are taken again
-on ``x * underflow_unit`` (:func:`underflow_unit`, :func:`underflows`, :func:`rescues`).
+on ``x * underflow_unit`` (:func:`underflow_unit`, :func:`underflows`, :func:`kept_after_rescue`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ __all__ = [
     "in_range",
     "inverse_std",
     "is_tiny",
+    "kept_after_rescue",
     "lift_tiny",
     "needs_tiny_unit",
     "reported_sigma",
-    "rescues",
     "select_in_unit",
     "tiny_unit",
     "true_variance",
@@ -129,16 +129,19 @@ def underflow_unit(dtype: jnp.dtype) -> float:
     XLA:CPU), so the variance of ``x`` itself is wrong long before the variance of ``x * unit``:
     with ``sigma_hat`` from the smallest normal number to ``2^-32``, ``(sigma_hat * unit)^2`` lies
     between ``2^-124`` and ``2^64``. A variance only rescaled afterwards (:func:`lift_tiny`) keeps the
-    error; with ``epsilon = 0`` it was floored, and such groups came out shrunk toward 0."""
-    return 2.0 ** (jnp.finfo(dtype).maxexp // 2)
+    error; with ``epsilon = 0`` it was floored, and such groups came out shrunk toward 0. The
+    reciprocal of :func:`is_tiny`'s bound."""
+    return _tiny_headroom(dtype)
 
 
-def rescues(scaled_spread: jnp.ndarray) -> jnp.ndarray:
-    """Per group, whether the spread (variance or M2) of ``x * underflow_unit`` replaces an underflowing
-    one: positive and finite. A constant group keeps unit 1, where ``epsilon``'s floor bounds its
-    gradient: its spread is 0 in any unit, or, where the deviations about a rounded centre do not
-    cancel exactly, the rounding of its values squared (inf where they are not small)."""
-    return (scaled_spread > 0) & jnp.isfinite(scaled_spread)
+def kept_after_rescue(underflowing: jnp.ndarray, rescued_spread: jnp.ndarray) -> jnp.ndarray:
+    """Per group, whether the statistics already chosen stand after the rescue in :func:`underflow_unit`:
+    where the group did not underflow, or where the spread (variance, M2 or mean square) of ``x *
+    underflow_unit`` is not positive and finite. A constant group keeps unit 1 that way, where
+    ``epsilon``'s floor bounds its gradient: its spread is 0 in any unit, or, where the deviations about
+    a rounded centre do not cancel exactly, the rounding of its values squared (inf where they are not
+    small)."""
+    return ~underflowing | ~((rescued_spread > 0) & jnp.isfinite(rescued_spread))
 
 
 def underflows(var: jnp.ndarray) -> jnp.ndarray:
@@ -194,8 +197,9 @@ def true_variance(statistics: Statistics) -> jnp.ndarray | None:
         return reported
     # the same value; its derivative that of sigma_hat^2, a term of value 0 whose slope is 2 sigma_hat
     # (0 where the variance is clipped: no 0 * inf)
-    slope = lax.stop_gradient(jnp.where(in_x_scale < top, 2 * statistics.sigma, 0))
-    sigma = jnp.where(in_x_scale < top, statistics.sigma, 0)
+    unclipped = in_x_scale < top
+    slope = lax.stop_gradient(jnp.where(unclipped, 2 * statistics.sigma, 0))
+    sigma = jnp.where(unclipped, statistics.sigma, 0)
     carried = lax.stop_gradient(reported) + slope * (sigma - lax.stop_gradient(sigma))
     return jnp.where(unit == 1, reported, carried)
 
@@ -289,7 +293,7 @@ def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = Non
     elif 0 < epsilon < tiny:
         # a subnormal epsilon is flushed to 0 as an operand (XLA:CPU): scaled into the normal numbers
         # first, then times the unit's two factors (a tiny group's unit is up to 2^96)
-        lift = 2.0 ** (jnp.finfo(var.dtype).maxexp // 2)
+        lift = _tiny_headroom(var.dtype)
         total = var + (epsilon * lift) * unit * (unit / lift)
     else:
         total = var + epsilon * unit * unit

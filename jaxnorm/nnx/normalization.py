@@ -77,15 +77,14 @@ class _Affine(nnx.Module):
         self.promote_dtype = promote_dtype
 
     def _promoted(
-        self, x: jnp.ndarray, allow_complex: bool = False, statistics: tuple[jnp.ndarray, ...] = ()
+        self, x: jnp.ndarray, statistics: tuple[jnp.ndarray, ...] = ()
     ) -> tuple[jnp.ndarray, jnp.ndarray | None, jnp.ndarray | None]:
-        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` must be floating,
-        or complex where ``allow_complex``, as flax's). BatchNorm passes its running
+        """``x``, ``scale``, ``bias`` through ``promote_dtype`` as flax.nnx does (``x`` floating or
+        complex, as flax's). BatchNorm passes its running
         ``statistics`` along, as flax.nnx's ``(x, mean, var, scale, bias)``: with ``dtype=None`` their
         float32 promotes half-precision ``x`` and parameters, and the output, to float32. The promoted
         statistics are not used: the running averages stay float32 whatever ``dtype``."""
-        if not (allow_complex and jnp.iscomplexobj(x)):
-            check_floating(x, "x")
+        check_floating(x, "x", allow_complex=True)
         promoted = self.promote_dtype(
             (x, *statistics, value_or_none(self.scale), value_or_none(self.bias)), dtype=self.dtype
         )
@@ -184,7 +183,7 @@ class BatchNorm(_Affine):
                 "model.eval() / model.train()), got None in both"
             )
         feature_axes = _check_features(x, self.axis, self.num_features, "axis")
-        x, scale, bias = self._promoted(x, allow_complex=True, statistics=(self.mean[...], self.var[...]))
+        x, scale, bias = self._promoted(x, statistics=(self.mean[...], self.var[...]))
         running_mean, running_var = self.mean[...], self.var[...]
         if use_running_average and not jnp.iscomplexobj(x):
             # evaluation in the wider of the statistics' and x's dtypes, as flax.nnx promotes them: float64
@@ -246,7 +245,7 @@ class LayerNorm(_Affine):
     def __call__(self, x, *, mask=None):
         """Normalize each example over ``reduction_axes``; ``mask`` selects the elements of the statistics."""
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
-        x, scale, bias = self._promoted(x, allow_complex=True)
+        x, scale, bias = self._promoted(x)
         return layers.layer_norm_layer(
             x, scale=scale, bias=bias, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
             epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
@@ -299,7 +298,7 @@ class InstanceNorm(_Affine):
         layers.check_instance_feature_axes(canonical_axes(self.feature_axes, x.ndim, "feature_axes"))
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
-        x, scale, bias = self._promoted(x, allow_complex=True)
+        x, scale, bias = self._promoted(x)
         return layers.layer_norm_layer(
             x, scale=scale, bias=bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
             epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
@@ -355,7 +354,7 @@ class GroupNorm(_Affine):
     def __call__(self, x, *, mask=None):
         """Normalize each example and channel group over ``reduction_axes`` (default: all non-batch)."""
         _check_features(x, -1, self.num_features, "the channel axis -1")
-        x, scale, bias = self._promoted(x, allow_complex=True)
+        x, scale, bias = self._promoted(x)
         return layers.group_norm_layer(
             x, scale=scale, bias=bias, num_groups=self.num_groups, reduction_axes=self.reduction_axes,
             epsilon=self.epsilon, p=self.p, axis_name=self.axis_name,
@@ -404,8 +403,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x, mask=None):
         """``x * rsqrt(mean(x^2) + epsilon) * scale`` over ``reduction_axes``."""
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
-        if not jnp.iscomplexobj(x):  # complex x as flax's
-            check_floating(x, "x")
+        check_floating(x, "x", allow_complex=True)  # complex x as flax's
         x, scale = self.promote_dtype((x, value_or_none(self.scale)), dtype=self.dtype)
         return layers.rms_norm_layer(
             x, scale=scale, reduction_axes=self.reduction_axes, feature_axes=feature_axes,
