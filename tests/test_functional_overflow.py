@@ -604,6 +604,48 @@ def _assert_exact_on_tiny_input(name):
         np.testing.assert_allclose(g, scaled, rtol=1e-3, atol=1e-4 * np.max(np.abs(scaled)), err_msg=what)
 
 
+SUBNORMAL_EXPONENTS = (100, 112, 120, 124)
+"""Input ``(1 + N(0, 0.01)) * 2^-k``: normal float32 values whose deviations from the mean,
+``~ 2^-k / 100``, are subnormal from ``k ~ 120`` (and ``sigma_hat^2`` underflows long before)."""
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in TINY_SLOW else []) for n in sorted(TINY_CASES)]
+)
+def test_norms_at_epsilon_zero_are_exact_where_the_deviations_are_subnormal(name):
+    _assert_exact_on_subnormal_deviations(name)
+
+
+@pytest.mark.parametrize("name", ["batch_norm", "batch_norm_p=1", "batch_norm_p=inf", "rms_norm_masked"])
+def test_norms_at_epsilon_zero_are_exact_where_the_deviations_are_subnormal_accelerator_forms(
+    accelerator_forms, name
+):
+    """The same with every ``per_platform`` choice taking its GPU / TPU form."""
+    accelerator_forms()
+    _assert_exact_on_subnormal_deviations(name)
+
+
+def _assert_exact_on_subnormal_deviations(name):
+    """``x * 2^-k`` gives the output of ``x`` and the gradient times ``2^k`` (where that is finite in
+    float32). XLA flushes subnormal numbers to zero, so before 2026-11-28 ``x - mean`` was 0 wherever it
+    was below ``2^-126``: p = 1 and inf read such groups as constant (all zeros; p = inf on CPU off by
+    up to half its output), and p = 2, rescued in ``2^64``, still had underflowing squares there (all
+    zeros from ``sigma_hat ~ 2^-126``). Now scaled before subtracting, in ``units.subnormal_unit``."""
+    fn = TINY_CASES[name]
+    r = jnp.asarray(np.random.default_rng(13).normal(size=IMG), jnp.float32)
+    run = jax.jit(lambda x: (fn(x), jax.grad(lambda x: jnp.sum(fn(x) * r))(x)))
+    x = jnp.asarray(1 + 0.01 * np.random.default_rng(15).normal(size=IMG), jnp.float32)
+    y_ref, g_ref = (np.asarray(a, np.float64) for a in run(x))
+    for k in SUBNORMAL_EXPONENTS:
+        what = f"{name}, |x| ~ 2^-{k}, |x - mean| ~ 2^-{k} / 100, epsilon=0"
+        y, g = (np.asarray(a, np.float64) for a in run(x * 2.0**-k))
+        np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=what)
+        scaled = g_ref * 2.0**k
+        if np.max(np.abs(scaled)) < 1e37:  # beyond, the gradient itself leaves float32's range
+            assert np.all(np.isfinite(g)), what
+            np.testing.assert_allclose(g, scaled, rtol=1e-3, atol=1e-4 * np.max(np.abs(scaled)), err_msg=what)
+
+
 @pytest.mark.parametrize("name", ["batch_norm", "layer_norm_axes", "group_norm", "rms_norm_axes"])
 def test_p2_gradient_at_epsilon_zero_is_finite_where_the_variance_is_tiny(name):
     """Groups of 1024 with ``sigma_hat ~ 1e-19`` (variance near the smallest normal float32): the

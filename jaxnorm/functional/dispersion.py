@@ -34,7 +34,14 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import ChannelGroups, group_combine, local_moments
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, exact_mean, masked_mean
-from jaxnorm.functional.units import Statistics, huge_unit, true_variance
+from jaxnorm.functional.units import (
+    Statistics,
+    huge_unit,
+    kept_after_rescue,
+    subnormal_unit,
+    true_variance,
+    underflows,
+)
 
 __all__ = [
     "DISPERSIONS",
@@ -78,12 +85,14 @@ def deviations_in_unit(options: BatchOptions) -> bool:
     """Whether statistics of these ``options`` kept in a unit need the deviations scaled on every
     platform (``normalize(..., scaled_deviations=...)``): the L2 ones, whose unit is chosen where
     ``sum (x - mean)^2`` overflows, from ``sigma_hat ~ 2^64``, long before the folded inverse
-    ``rsqrt(var) * unit = 1 / sigma_hat`` leaves the normal numbers. The L1, L∞ and top-k ones let
-    XLA:CPU fold the unit into the inverse (:func:`~jaxnorm.functional.normalize.normalize`): their
+    ``rsqrt(var) * unit = 1 / sigma_hat`` leaves the normal numbers; and every kind with
+    ``options.tiny_groups`` (``epsilon = 0``), whose tiny groups' deviations ``x - mean`` may be
+    subnormal (flushed to 0) where ``x * unit - mean * unit`` is not. Otherwise the L1, L∞ and top-k
+    ones let XLA:CPU fold the unit into the inverse (:func:`~jaxnorm.functional.normalize.normalize`): their
     unit is chosen where ``sigma_hat^2`` leaves :func:`~jaxnorm.functional.units.in_range`, and only
     groups within a factor 4 of the dtype's maximum come out wrong there (0), where the scaled
     deviations cost XLA:CPU a product per element in both passes (``docs/benchmarks.md``)."""
-    return dispersion_kind(options) == 2
+    return dispersion_kind(options) == 2 or options.tiny_groups
 
 
 @compiled_when_concrete(
@@ -121,8 +130,13 @@ def _overflowed_groups_in_unit(
     not finite) taken of ``x * h`` instead, ``h`` :func:`~jaxnorm.functional.units.huge_unit`: their
     mean is that of ``x * h`` over ``h`` and their unit ``h`` times the unit of ``x * h``'s variance
     (exact: powers of two); a constant such group stays in unit 1 (variance 0 in any unit, and
-    ``epsilon * h^2`` underflows). Every other group keeps the same statistics (to rounding: the
-    conditional can change how XLA fuses the reductions, a few ulps on ordinary input).
+    ``epsilon * h^2`` underflows). With ``options.tiny_groups`` (``epsilon = 0``) the groups whose
+    ``sigma_hat`` is tiny (:func:`~jaxnorm.functional.units.is_tiny` squared, or 0) are taken of ``x * s``
+    the same way, ``s`` :func:`~jaxnorm.functional.units.subnormal_unit`: their deviations may be
+    subnormal, which XLA flushes to 0 (such groups read as constant, or a wrong dispersion), and
+    ``x * s - mean * s`` is not (a constant group, whose spread stays 0, keeps its statistics:
+    :func:`~jaxnorm.functional.units.kept_after_rescue`). Every other group keeps the same statistics (to
+    rounding: the conditional can change how XLA fuses the reductions, a few ulps on ordinary input).
 
     The check is per group after the merge over channels and devices (the same on every device that
     shares the statistics); only where some group failed does a :func:`jax.lax.cond` take the second
@@ -133,22 +147,34 @@ def _overflowed_groups_in_unit(
     """
     plain = statistics_of(r, options)
     finite = lax.stop_gradient(jnp.isfinite(plain.mean) & jnp.isfinite(plain.var))
+    dtype = plain.var.dtype
+    if options.tiny_groups:
+        # scaled by s only where x * s stays finite: a group of equal large values has sigma_hat 0 too
+        s = subnormal_unit(dtype)
+        tiny = lax.stop_gradient(
+            finite & underflows(jnp.square(plain.sigma)) & jnp.isfinite(plain.mean * (2 * s))
+        )
+    else:
+        tiny = jnp.zeros_like(finite)
 
     def rescaled() -> Statistics:
-        h = huge_unit(plain.var.dtype)
-        scaled_x = r.x.astype(plain.var.dtype) * h
+        unit = jnp.where(finite, 1, huge_unit(dtype))
+        if options.tiny_groups:
+            unit = jnp.where(tiny, subnormal_unit(dtype), unit)
+        unit = unit.astype(dtype)
+        scaled_x = r.x.astype(dtype) * unit
         scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
         # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in
         # unit 1, where epsilon does not underflow (epsilon * h^2 is 0: 0 * rsqrt(0), NaN)
-        unit = jnp.where(scaled.var > 0, scaled.unit * h, 1)
+        take = ~finite | (tiny & ~kept_after_rescue(tiny, scaled.var))
         return Statistics(
-            jnp.where(finite, plain.mean, scaled.mean / h),
-            jnp.where(finite, plain.var, scaled.var),
-            jnp.where(finite, plain.unit, unit),
-            jnp.where(finite, plain.sigma, scaled.sigma / h),
+            jnp.where(take, scaled.mean / unit, plain.mean),
+            jnp.where(take, scaled.var, plain.var),
+            jnp.where(take, jnp.where(scaled.var > 0, scaled.unit * unit, 1), plain.unit),
+            jnp.where(take, scaled.sigma / unit, plain.sigma),
         )
 
-    return lax.cond(jnp.all(finite), lambda: plain, rescaled)
+    return lax.cond(jnp.all(finite & ~tiny), lambda: plain, rescaled)
 
 
 def dispersion_moments(

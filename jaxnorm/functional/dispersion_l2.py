@@ -33,8 +33,8 @@ from jaxnorm.functional.units import (
     in_range,
     kept_after_rescue,
     lift_tiny,
+    rescue_unit,
     select_in_unit,
-    underflow_unit,
     underflows,
 )
 
@@ -100,10 +100,10 @@ def _merged_l2(
     the merge."""
     count, mean, var = _l2_in_unit(x, mask, layout, options)
     plain = in_range(mean, var)
-    # with options.tiny_groups, groups whose variance underflows are taken again in underflow_unit
+    # with options.tiny_groups, groups whose variance underflows are taken again in rescue_unit
     tiny = (count > 0) & underflows(var) if options.tiny_groups else jnp.zeros_like(plain)
 
-    def in_unit(unit: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         return _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)[1:]
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
@@ -111,7 +111,7 @@ def _merged_l2(
         statistics = select_in_unit(plain, (mean, var), in_unit(huge), huge)
         if not options.tiny_groups:
             return statistics
-        tiny_unit = underflow_unit(var.dtype)
+        tiny_unit = rescue_unit(var)
         rescued = in_unit(tiny_unit)
         return select_in_unit(kept_after_rescue(tiny, rescued[1]), statistics, rescued, tiny_unit)
 

@@ -23,8 +23,8 @@ from jaxnorm.functional.units import (
     huge_unit,
     in_range,
     kept_after_rescue,
+    rescue_unit,
     select_in_unit,
-    underflow_unit,
     underflows,
 )
 
@@ -162,7 +162,7 @@ def mean_m2_unit(
     ``rescale``, M2 is that of ``x * unit`` where the M2 (or the mean) of ``x`` itself leaves
     :func:`~jaxnorm.functional.units.in_range` (``unit`` :func:`~jaxnorm.functional.units.huge_unit`)
     and, with ``tiny_groups``, where its variance :func:`~jaxnorm.functional.units.underflows` (``unit``
-    :func:`~jaxnorm.functional.units.underflow_unit`); ``unit = 1`` elsewhere. XLA:CPU takes the careful
+    :func:`~jaxnorm.functional.units.rescue_unit`); ``unit = 1`` elsewhere. XLA:CPU takes the careful
     pass and the unit behind conditionals (:func:`_mean_m2_unit_branching`); GPU and TPU, which run both
     branches of such a conditional (XLA turns it into selects), take both always, in two reads of ``x``
     (:func:`_mean_m2_unit_fused`): :func:`~jaxnorm.functional.platform.per_platform`."""
@@ -199,11 +199,11 @@ def _statistics_in_units(
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``(mean, M2, unit)``: the ``plain`` statistics of ``values`` (``x`` widened, zero where masked) where
     they stand, else those of ``values * unit``: :func:`~jaxnorm.functional.units.huge_unit` out of
-    range, :func:`~jaxnorm.functional.units.underflow_unit` where the variance underflows (with
+    range, :func:`~jaxnorm.functional.units.rescue_unit` where the variance underflows (with
     ``tiny_groups``; a constant group stays in unit 1). One careful pass over ``values`` per unit."""
     safe_count = jnp.maximum(count, 1)
 
-    def in_unit(unit: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         scaled = values * unit
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
@@ -212,7 +212,7 @@ def _statistics_in_units(
     statistics = select_in_unit(in_range(*plain), plain, in_unit(huge), huge)
     if not tiny_groups:
         return statistics
-    tiny = underflow_unit(plain[0].dtype)
+    tiny = rescue_unit(plain[1])
     rescued = in_unit(tiny)
     keep = kept_after_rescue(_underflowing(plain[1], count), rescued[1])
     return select_in_unit(keep, statistics, rescued, tiny)

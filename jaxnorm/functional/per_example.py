@@ -43,7 +43,7 @@ from jaxnorm.functional.units import (
     kept_after_rescue,
     lift_tiny,
     needs_tiny_unit,
-    underflow_unit,
+    rescue_unit,
     underflows,
 )
 
@@ -264,13 +264,13 @@ def _mean_square_in_unit(
     mean_square = _masked_mean(jnp.square(x), mask, r, 1)
     ones = jnp.ones_like(mean_square)
     plain = in_range(mean_square, mean_square)
-    # with r.tiny_groups, rows whose mean square underflows are taken again in underflow_unit
+    # with r.tiny_groups, rows whose mean square underflows are taken again in rescue_unit
     tiny = underflows(mean_square) if r.tiny_groups else jnp.zeros_like(plain)
 
-    def in_unit(unit: float) -> jnp.ndarray:
+    def in_unit(unit: float | jnp.ndarray) -> jnp.ndarray:
         return _masked_mean(jnp.square(x * unit), mask, r, 1)
 
-    def select(kept: jnp.ndarray, statistics: tuple, scaled: jnp.ndarray, unit: float) -> tuple:
+    def select(kept: jnp.ndarray, statistics: tuple, scaled: jnp.ndarray, unit: float | jnp.ndarray) -> tuple:
         return jnp.where(kept, statistics[0], scaled), jnp.where(kept, statistics[1], unit).astype(x.dtype)
 
     def rescaled() -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -278,7 +278,7 @@ def _mean_square_in_unit(
         statistics = select(plain, (mean_square, ones), in_unit(huge), huge)
         if not r.tiny_groups:
             return statistics
-        tiny_unit = underflow_unit(x.dtype)
+        tiny_unit = rescue_unit(mean_square)
         rescued = in_unit(tiny_unit)  # a row of zeros stays in unit 1, where epsilon's floor bounds it
         return select(kept_after_rescue(tiny, rescued), statistics, rescued, tiny_unit)
 

@@ -26,7 +26,11 @@ groups (:func:`is_tiny`: variance below ``2^(-emax / 2)``) are kept in :func:`ti
 float32 (:func:`lift_tiny`, :func:`variance_in_unit`): no other pass over ``x``, the same power-of-two
 rescaling of statistics already taken, inside the statistics' own derivative. Below ``sigma_hat ~
 2^-63`` the L2 statistics themselves fail (the squared deviations underflow): such groups are taken again
-on ``x * underflow_unit`` (:func:`underflow_unit`, :func:`underflows`, :func:`kept_after_rescue`).
+on ``x * unit`` (:func:`rescue_unit`: :func:`underflow_unit`, or :func:`subnormal_unit` where every
+square underflowed; :func:`underflows`, :func:`kept_after_rescue`). Deviations below the smallest normal
+number are flushed to zero before any unit applies, at every p: with ``epsilon = 0`` every norm subtracts
+in the unit, ``x * unit - mean * unit``, and the p != 2 groups of tiny ``sigma_hat`` are taken again on
+``x * subnormal_unit`` (:mod:`jaxnorm.functional.dispersion`).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ __all__ = [
     "lift_tiny",
     "needs_tiny_unit",
     "reported_sigma",
+    "rescue_unit",
     "select_in_unit",
+    "subnormal_unit",
     "tiny_unit",
     "true_variance",
     "underflow_unit",
@@ -106,7 +112,7 @@ def select_in_unit(
     keep: jnp.ndarray,
     plain: tuple[jnp.ndarray, ...],
     scaled: tuple[jnp.ndarray, jnp.ndarray],
-    unit: float,
+    unit: float | jnp.ndarray,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Per group, ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` (``unit
     = 1``; or ``(mean, spread, unit)`` already chosen) where ``keep`` (e.g. :func:`in_range`), else the
@@ -132,6 +138,31 @@ def underflow_unit(dtype: jnp.dtype) -> float:
     error; with ``epsilon = 0`` it was floored, and such groups came out shrunk toward 0. The
     reciprocal of :func:`is_tiny`'s bound."""
     return _tiny_headroom(dtype)
+
+
+def subnormal_unit(dtype: jnp.dtype) -> float:
+    """``2^(45 emax / 64)`` of ``dtype`` (``2^90`` in float32, ``2^720`` in float64): the scale of ``x``
+    for groups whose deviations may be subnormal, where ``epsilon`` is 0 (:func:`rescue_unit`).
+
+    XLA flushes subnormal numbers to zero, so ``x - mean`` is 0 where it is below the smallest normal
+    number (``2^-126``) however small ``sigma_hat`` is: such groups read as constant, or, where a few
+    deviations survive, as a wrong dispersion. Scaled before subtracting, the smallest deviation
+    (``2^-149``) is ``2^-59`` and its square normal, and one :func:`tiny_unit` lift keeps the unit
+    below the dtype's maximum (``2^122``). At the other end a group whose squared deviations all
+    underflowed has ``sigma_hat < 2^-63`` (``< 2^27`` in the unit: no sum of squares overflows), and
+    a p != 2 ``sigma_hat`` up to ``2^-32`` is ``2^58`` in it, which
+    :func:`variance_in_unit` takes to :func:`huge_unit` (a unit of ``2^-6`` in all)."""
+    return 2.0 ** (45 * jnp.finfo(dtype).maxexp // 64)
+
+
+def rescue_unit(spread: jnp.ndarray) -> jnp.ndarray:
+    """Per group, the scale of ``x`` that a group with an underflowing L2 ``spread`` (variance, M2 or
+    mean square) is taken again in: :func:`underflow_unit` where the spread is positive (``sigma_hat``
+    from ``2^-63`` to ``2^-32``, some squares flushed), :func:`subnormal_unit` where it is 0 (every square
+    flushed: ``sigma_hat < 2^-63``, down to subnormal deviations, which ``underflow_unit`` left
+    underflowing: such groups came out as zeros). Powers of two: the rescaling is exact."""
+    dtype = spread.dtype
+    return jnp.where(spread > 0, underflow_unit(dtype), subnormal_unit(dtype)).astype(dtype)
 
 
 def kept_after_rescue(underflowing: jnp.ndarray, rescued_spread: jnp.ndarray) -> jnp.ndarray:
