@@ -19,7 +19,7 @@ import numpy as np
 from jaxnorm.data import augment as augment_lib
 from jaxnorm.data.base import Batch, Dataset, check_batch_size, check_int, check_processes
 from jaxnorm.data.prefetch import prefetch
-from jaxnorm.functional._checks import check_bool
+from jaxnorm.functional.checks import check_bool
 
 Transform = Callable[[Batch, np.random.Generator], Batch]
 """``transform(global batch, rng) -> global batch``: per-batch processing (augmentation, scaling)."""

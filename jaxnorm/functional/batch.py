@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
     check_axis_name,
@@ -24,7 +25,6 @@ from jaxnorm.functional._checks import (
     check_floating,
     check_mask,
 )
-from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
 from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
 from jaxnorm.functional.moments import stats_dtype, widened_float16

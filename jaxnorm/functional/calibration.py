@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.checks import (
     check_positive_int,
 )
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import PNorm, canonical_p, check_epsilon, check_mask
+from jaxnorm.functional.checks import PNorm, canonical_p, check_epsilon, check_mask
 from jaxnorm.functional.collectives import AxisIndexGroups
 
 __all__ = ["check_complex_p", "complex_moments", "complex_normalize", "complex_statistics_dtype"]

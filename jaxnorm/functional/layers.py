@@ -15,7 +15,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
+from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
     check_epsilon,
@@ -24,7 +25,6 @@ from jaxnorm.functional._checks import (
     check_momentum,
     num_groups_of,
 )
-from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.complex_norm import check_complex_p, complex_moments, complex_normalize
 from jaxnorm.functional.dispersion import deviations_in_unit

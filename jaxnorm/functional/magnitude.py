@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_epsilon, check_floating, check_per_unit, check_positive_values
+from jaxnorm.functional.checks import check_epsilon, check_floating, check_per_unit, check_positive_values
 from jaxnorm.functional.weight import unit_norm
 
 __all__ = ["MP_SILU_SCALE", "mp_concat", "mp_normalize", "mp_silu", "mp_sum", "mp_weight"]

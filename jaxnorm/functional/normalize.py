@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_bool, check_broadcasts, check_epsilon
+from jaxnorm.functional.checks import check_bool, check_broadcasts, check_epsilon
 from jaxnorm.functional.platform import per_platform
 from jaxnorm.functional.units import Statistics, inverse_std
 

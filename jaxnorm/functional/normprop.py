@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import check_floating
+from jaxnorm.functional.checks import check_floating
 
 __all__ = ["RELU_MEAN", "RELU_STD", "normprop_relu"]
 

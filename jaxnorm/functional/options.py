@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from jaxnorm.functional._checks import PNorm, canonical_p, check_bool, check_positive_int
 from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.checks import PNorm, canonical_p, check_bool, check_positive_int
 
 __all__ = ["BatchOptions", "check_batch_options"]
 

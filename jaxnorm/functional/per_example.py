@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
     canonical_p,

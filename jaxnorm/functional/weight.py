@@ -21,14 +21,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.batch import batch_moments
+from jaxnorm.functional.checks import (
     check_epsilon,
     check_floating,
     check_per_unit,
     check_positive_int,
     check_positive_values,
 )
-from jaxnorm.functional.batch import batch_moments
 
 __all__ = [
     "bounded_weight_norm",

@@ -24,8 +24,8 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import layers
-from jaxnorm.functional._checks import PNorm, canonical_axes
 from jaxnorm.functional.batch import batch_gives_statistics
+from jaxnorm.functional.checks import PNorm, canonical_axes
 from jaxnorm.functional.options import check_batch_options
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]

@@ -22,7 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional._checks import check_bool
+from jaxnorm.functional.checks import check_bool
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (

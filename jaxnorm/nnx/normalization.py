@@ -27,7 +27,8 @@ from flax.nnx.nn import dtypes
 from flax.typing import Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.functional import layers
-from jaxnorm.functional._checks import (
+from jaxnorm.functional.calibration import Calibration
+from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
     canonical_p,
@@ -35,7 +36,6 @@ from jaxnorm.functional._checks import (
     check_floating,
     check_momentum,
 )
-from jaxnorm.functional.calibration import Calibration
 from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
 

@@ -24,7 +24,7 @@ from flax import nnx
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional._checks import check_bool, check_epsilon, check_positive_values
+from jaxnorm.functional.checks import check_bool, check_epsilon, check_positive_values
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (

@@ -1,4 +1,6 @@
-"""Argument checks shared by the functional core: one wording for every error."""
+"""The argument checks of the functional core and of the Flax modules over it (``jaxnorm.nn``,
+``jaxnorm.nnx``) and the array data pipeline: one wording for every error, naming the argument and what
+is expected, raised before any computation."""
 
 from __future__ import annotations
 
