@@ -646,6 +646,61 @@ def _assert_exact_on_subnormal_deviations(name):
             np.testing.assert_allclose(g, scaled, rtol=1e-3, atol=1e-4 * np.max(np.abs(scaled)), err_msg=what)
 
 
+BOTTOM_OF_SUBNORMALS = {
+    "batch_norm": lambda x, e: F.batch_norm(x, epsilon=e),
+    "batch_norm_p=1": lambda x, e: F.batch_norm(x, p=1, epsilon=e),
+    "batch_norm_top-k": lambda x, e: F.batch_norm(x, p="inf", topk=x.shape[0] // 2, epsilon=e),
+    "batch_norm_p=inf": lambda x, e: F.batch_norm(x, p="inf", epsilon=e),
+    "layer_norm_p=1": lambda x, e: F.layer_norm(x.T, p=1, epsilon=e).T,
+    "layer_norm_axes": lambda x, e: F.layer_norm(x.T, axis=(0, 1), epsilon=e).T,
+}
+
+
+@pytest.mark.parametrize("form", ["cpu", "default"])
+@pytest.mark.parametrize("name", sorted(BOTTOM_OF_SUBNORMALS))
+def test_one_deviation_of_the_smallest_subnormal_at_epsilon_zero(accelerator_forms, name, form):
+    """``n`` equal values ``2^-126`` and one a single ulp (``2^-149``) above: ``sigma_hat ~ 2^-155``. The
+    output must be that of the same data times ``2^100`` (exact). With ``subnormal_unit`` (then ``2^90``)
+    a p = 1 / top-k group was lifted twice more, to a unit of ``2^154`` (inf in float32): NaN; p = 2 in
+    ``2^90`` had its variance floored (``16.0`` for every ``n``, the answer ``16.03`` to ``64.01``)."""
+    if form == "default":
+        accelerator_forms()
+    fn = jax.jit(BOTTOM_OF_SUBNORMALS[name], static_argnums=1)
+    for n in (128, 4096):
+        x = np.full((n, 1), 2.0**-126, np.float32)
+        x[0, 0] = np.nextafter(np.float32(2.0**-126), np.float32(1))
+        y = np.asarray(fn(jnp.asarray(x), 0.0), np.float64)
+        want = np.asarray(fn(jnp.asarray(x * np.float32(2.0**100)), 0.0), np.float64)
+        assert np.all(np.isfinite(y)), (name, n)
+        np.testing.assert_allclose(
+            y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name}, n={n}"
+        )
+
+
+@pytest.mark.parametrize(
+    "name", ["batch_norm", "batch_norm_p=1", "batch_norm_p=inf", "layer_norm_axes", "rms"]
+)
+def test_tiny_positive_epsilon_gradient_where_the_deviations_are_subnormal(name):
+    """``epsilon`` of 1e-30 or 1e-20 (below the tiny bound, so tiny groups are kept in a unit) on a group
+    whose deviations are subnormal: its unit reaches ``2^122``, where ``epsilon * unit^2`` overflowed and
+    the inverse was 0, so was the gradient (``(1 - 1/n) / sqrt(epsilon)``, 1e15 at 1e-30, is a float32
+    number); the output ``(x - mean) / sqrt(epsilon)`` too."""
+    fns = dict(BOTTOM_OF_SUBNORMALS, rms=lambda x, e: F.rms_norm(x.T, axis=(0, 1), epsilon=e).T)
+    n = 256
+    pattern = 1.5 + 1e-3 * np.random.default_rng(0).normal(size=n)
+    x = jnp.asarray((pattern[:, None] * 2.0**-124).astype(np.float32))
+    for epsilon in (1e-30, 1e-20):
+        fn = functools.partial(fns[name], e=epsilon)
+        slope = float(jax.grad(lambda v, fn=fn: fn(v)[3, 0])(x)[3, 0])
+        centred = name != "rms"
+        want = ((1 - 1 / n) if centred else 1) / np.sqrt(epsilon)
+        np.testing.assert_allclose(slope, want, rtol=1e-3, err_msg=f"{name}, epsilon={epsilon}")
+        values = np.asarray(x, np.float64)[:, 0]
+        y_want = (values - values.mean() if centred else values) / np.sqrt(epsilon)
+        y = np.asarray(fn(x), np.float64)[:, 0]
+        np.testing.assert_allclose(y, y_want, rtol=1e-3, atol=1e-3 * np.abs(y_want).max(), err_msg=name)
+
+
 @pytest.mark.parametrize("name", ["batch_norm", "layer_norm_axes", "group_norm", "rms_norm_axes"])
 def test_p2_gradient_at_epsilon_zero_is_finite_where_the_variance_is_tiny(name):
     """Groups of 1024 with ``sigma_hat ~ 1e-19`` (variance near the smallest normal float32): the

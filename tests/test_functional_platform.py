@@ -150,6 +150,11 @@ def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(accelerator_
     y, dx = outputs()
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx)), case
     np.testing.assert_allclose(y, cpu_y, rtol=2e-5, atol=2e-5 if case != "cancellation" else 2e-2)
+    if case == "constant" and "epsilon=0" in name:
+        # no gradient to compare: with epsilon = 0 a constant group's is rsqrt of its variance, 0 (then
+        # the floor's, 2^63) or the rounding noise of sum d^2 - (sum d)^2 / n (1e-13 here), which depends
+        # on how XLA orders the sums; both forms give an output of exactly 0
+        return
     scale = np.max(np.abs(cpu_dx)) + 1e-30
     atol = 1e-4 if case != "cancellation" else 2e-2
     np.testing.assert_allclose(dx / scale, cpu_dx / scale, rtol=0, atol=atol)

@@ -38,6 +38,7 @@ from jaxnorm.functional.units import (
     Statistics,
     huge_unit,
     kept_after_rescue,
+    max_unit,
     subnormal_unit,
     true_variance,
     underflows,
@@ -167,14 +168,26 @@ def _overflowed_groups_in_unit(
         # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in
         # unit 1, where epsilon does not underflow (epsilon * h^2 is 0: 0 * rsqrt(0), NaN)
         take = ~finite | (tiny & ~kept_after_rescue(tiny, scaled.var))
+        var, scaled_unit = _capped(scaled, tiny, dtype) if options.tiny_groups else scaled[1:3]
         return Statistics(
             jnp.where(take, scaled.mean / unit, plain.mean),
-            jnp.where(take, scaled.var, plain.var),
-            jnp.where(take, jnp.where(scaled.var > 0, scaled.unit * unit, 1), plain.unit),
+            jnp.where(take, var, plain.var),
+            jnp.where(take, jnp.where(scaled.var > 0, scaled_unit * unit, 1), plain.unit),
             jnp.where(take, scaled.sigma / unit, plain.sigma),
         )
 
     return lax.cond(jnp.all(finite & ~tiny), lambda: plain, rescaled)
+
+
+def _capped(scaled: Statistics, tiny: jnp.ndarray, dtype: jnp.dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(var, unit)`` of the statistics of ``x * subnormal_unit`` with the tiny groups' total unit at most
+    :func:`~jaxnorm.functional.units.max_unit`: their ``sigma_hat`` lifted by powers of ``tiny_unit`` can
+    pass it (a single deviation of ``2^-149`` among many elements), and is then squared in the largest
+    unit instead."""
+    room = max_unit(dtype) / subnormal_unit(dtype)
+    over = tiny & (scaled.unit > room)
+    capped_var = jnp.square(scaled.sigma * room)
+    return jnp.where(over, capped_var, scaled.var), jnp.where(over, room, scaled.unit)
 
 
 def dispersion_moments(

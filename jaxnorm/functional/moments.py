@@ -206,6 +206,10 @@ def _statistics_in_units(
     def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         scaled = values * unit
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
+        # about the plain (exact) mean where it is finite in the unit: a constant group's deviations are
+        # then exactly 0, where about a rounded centre they are not, and the rescue would take their noise
+        plain_centre = plain[0] * unit
+        centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, centre)
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
 
     huge = huge_unit(plain[0].dtype)

@@ -35,6 +35,7 @@ in the unit, ``x * unit - mean * unit``, and the p != 2 groups of tiny ``sigma_h
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -50,6 +51,7 @@ __all__ = [
     "is_tiny",
     "kept_after_rescue",
     "lift_tiny",
+    "max_unit",
     "needs_tiny_unit",
     "reported_sigma",
     "rescue_unit",
@@ -141,18 +143,27 @@ def underflow_unit(dtype: jnp.dtype) -> float:
 
 
 def subnormal_unit(dtype: jnp.dtype) -> float:
-    """``2^(45 emax / 64)`` of ``dtype`` (``2^90`` in float32, ``2^720`` in float64): the scale of ``x``
+    """``2^(53 emax / 64)`` of ``dtype`` (``2^106`` in float32, ``2^848`` in float64): the scale of ``x``
     for groups whose deviations may be subnormal, where ``epsilon`` is 0 (:func:`rescue_unit`).
 
     XLA flushes subnormal numbers to zero, so ``x - mean`` is 0 where it is below the smallest normal
     number (``2^-126``) however small ``sigma_hat`` is: such groups read as constant, or, where a few
-    deviations survive, as a wrong dispersion. Scaled before subtracting, the smallest deviation
-    (``2^-149``) is ``2^-59`` and its square normal, and one :func:`tiny_unit` lift keeps the unit
-    below the dtype's maximum (``2^122``). At the other end a group whose squared deviations all
-    underflowed has ``sigma_hat < 2^-63`` (``< 2^27`` in the unit: no sum of squares overflows), and
-    a p != 2 ``sigma_hat`` up to ``2^-32`` is ``2^58`` in it, which
-    :func:`variance_in_unit` takes to :func:`huge_unit` (a unit of ``2^-6`` in all)."""
-    return 2.0 ** (45 * jnp.finfo(dtype).maxexp // 64)
+    deviations survive, as a wrong dispersion. Scaled before subtracting, a group whose only deviation
+    is the smallest subnormal (``2^-149``) among ``n <= 2^30`` elements has ``sigma_hat`` above
+    ``2^-58`` in the unit and a normal variance. At the other end an L2 group whose squared deviations
+    all underflowed has ``sigma_hat < 2^-63`` (``< 2^43`` in the unit: no sum of ``2^30`` squares
+    overflows), and a p != 2 ``sigma_hat`` up to ``2^-32`` is ``2^74`` in it, which
+    :func:`variance_in_unit` takes to :func:`huge_unit` (a unit of ``2^10`` in all). Units composed
+    with it stop at :func:`max_unit`."""
+    return 2.0 ** (53 * jnp.finfo(dtype).maxexp // 64)
+
+
+def max_unit(dtype: jnp.dtype) -> float:
+    """``2^(emax - 2)`` of ``dtype`` (``2^126`` in float32): the largest unit a group is kept in. A tiny
+    lift (:func:`lift_tiny`, :func:`variance_in_unit`) that would take a unit beyond it is not made: such a
+    group's ``sigma_hat`` is below ``2^-158``, its variance in the unit is still a normal number (the
+    output exact), and its gradient, ``~ 1 / sigma_hat``, is beyond the dtype's range anyway."""
+    return 2.0 ** (jnp.finfo(dtype).maxexp - 2)
 
 
 def rescue_unit(spread: jnp.ndarray) -> jnp.ndarray:
@@ -303,10 +314,12 @@ def needs_tiny_unit(epsilon: float, dtype: jnp.dtype) -> bool:
 
 def lift_tiny(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(var * t^2, unit * t)`` with ``t`` :func:`tiny_unit` where ``var`` :func:`is_tiny`, else
-    ``(var, unit)``: the variance of ``x * unit * t`` (exact, a power of two). For statistics whose
+    ``(var, unit)`` (and where ``unit * t`` would pass :func:`max_unit`): the variance of ``x * unit * t``
+    (exact, a power of two). For statistics whose
     derivative is written with their own ``unit`` (a custom JVP), so that no cotangent is formed in the
     unscaled variance."""
-    lift = lax.stop_gradient(jnp.where(is_tiny(var), tiny_unit(var.dtype), 1).astype(var.dtype))
+    liftable = is_tiny(var) & (unit <= max_unit(var.dtype) / tiny_unit(var.dtype))
+    lift = lax.stop_gradient(jnp.where(liftable, tiny_unit(var.dtype), 1).astype(var.dtype))
     return var * (lift * lift), unit * lift
 
 
@@ -335,11 +348,19 @@ def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = Non
 
 def inverse_std(statistics: Statistics, epsilon: float) -> jnp.ndarray | None:
     """``rsqrt(var + epsilon * unit^2)``: the factor of the scaled deviations ``(x - mean) * unit``
-    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is huge; floored by :func:`add_epsilon`)."""
+    (``epsilon * unit^2`` is 0 in the dtype where ``unit`` is huge; floored by :func:`add_epsilon`; where
+    it overflows, in a tiny group's unit, ``1 / (sqrt(epsilon) unit)``)."""
     var, unit = statistics.var, statistics.unit
     if var is None:
         return None
-    return _rsqrt(add_epsilon(var, epsilon, unit))
+    total = add_epsilon(var, epsilon, unit)
+    if unit is None or epsilon == 0 or not needs_tiny_unit(epsilon, var.dtype):
+        return _rsqrt(total)
+    # a positive epsilon below the tiny bound with a tiny group's unit (up to max_unit): epsilon * unit^2
+    # can overflow; the variance is negligible beside it there, and the inverse is 1 / (sqrt(epsilon) unit)
+    overflowed = ~jnp.isfinite(total)
+    beside_epsilon = jnp.asarray(1 / math.sqrt(epsilon), var.dtype) / unit
+    return jnp.where(overflowed, beside_epsilon, _rsqrt(jnp.where(overflowed, 1, total)))
 
 
 @jax.custom_jvp
