@@ -51,7 +51,9 @@ def linf_statistics(r: Reduction, options: BatchOptions) -> Statistics:
         high = jnp.max(jnp.where(device_counts > 0, highs, -jnp.inf), axis=0)
         low = jnp.min(jnp.where(device_counts > 0, lows, jnp.inf), axis=0)
     moments = masked_mean(moments, r.mask)
-    high, low = jax.lax.stop_gradient((high, low))
+    # high and low enter max_deviation as ordinary (differentiable) arguments, whose tangents its rule
+    # ignores: stop_gradient'ed there, a second derivative through a lax.scan / fori_loop body came out
+    # wrong (the same pattern without jaxnorm reproduces it; direct calls were right)
     # about the exact mean: a constant group's max |x - mean| is 0, not the rounding error of sum x / n
     mean = masked_mean(moments._replace(mean=exact_mean_from_extremes(moments.mean, high, low)), r.mask).mean
     dispersion = max_deviation(r.x, mean, high, low, r.mask, r.axes, r.sum)
