@@ -17,6 +17,11 @@ NORMS = {
     "batch_norm p=inf top-2": lambda x: F.batch_norm(x, p="inf", topk=2, epsilon=1e-5),
     "batch_norm p=1": lambda x: F.batch_norm(x, p=1, epsilon=1e-5),
     "layer_norm p=2": lambda x: F.layer_norm(x, epsilon=1e-5),
+    "batch_norm p=2": lambda x: F.batch_norm(x, epsilon=1e-5),
+    "group_norm p=2": lambda x: F.group_norm(x.reshape(1, 4, 1, 6), 2).reshape(4, 6),
+    "instance_norm p=1": lambda x: F.instance_norm(x.reshape(1, 4, 1, 6), p=1).reshape(4, 6),
+    "rms_norm axes": lambda x: F.rms_norm(x, axis=(0, 1)),
+    "batch_norm p=2 epsilon=0": lambda x: F.batch_norm(x, epsilon=0.0),
 }
 
 
