@@ -701,6 +701,21 @@ def test_tiny_positive_epsilon_gradient_where_the_deviations_are_subnormal(name)
         np.testing.assert_allclose(y, y_want, rtol=1e-3, atol=1e-3 * np.abs(y_want).max(), err_msg=name)
 
 
+def test_an_epsilon_below_float32_range_warns_nothing():
+    """``epsilon=1e-80`` with float32 input (below the tiny bound; ``1 / sqrt(epsilon)`` is beyond float32):
+    the inverse used where ``epsilon * unit^2`` overflows was cast from 1e40 with a NumPy overflow
+    ``RuntimeWarning`` on every call (an error under ``-W error``); it is clipped, never selected there."""
+    import warnings
+
+    x = jnp.ones((4, 2), jnp.float32) * jnp.arange(4.0)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in (2, 1):
+            y = np.asarray(F.batch_norm(x, p=p, epsilon=1e-80))
+            assert np.all(np.isfinite(y)), p
+    np.testing.assert_allclose(y[:, 0], F.batch_norm(x, p=1, epsilon=0.0)[:, 0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["batch_norm", "layer_norm_axes", "group_norm", "rms_norm_axes"])
 def test_p2_gradient_at_epsilon_zero_is_finite_where_the_variance_is_tiny(name):
     """Groups of 1024 with ``sigma_hat ~ 1e-19`` (variance near the smallest normal float32): the

@@ -156,27 +156,31 @@ def _overflowed_groups_in_unit(
             finite & underflows(jnp.square(plain.sigma)) & jnp.isfinite(plain.mean * (2 * s))
         )
     else:
-        tiny = jnp.zeros_like(finite)
+        tiny = None
 
     def rescaled() -> Statistics:
-        unit = jnp.where(finite, 1, huge_unit(dtype))
+        # one unit for every group, huge_unit, unless tiny groups are rescued too (epsilon = 0)
+        unit = huge_unit(dtype)
         if options.tiny_groups:
-            unit = jnp.where(tiny, subnormal_unit(dtype), unit)
-        unit = unit.astype(dtype)
+            unit = jnp.where(tiny, subnormal_unit(dtype), jnp.where(finite, 1, unit)).astype(dtype)
         scaled_x = r.x.astype(dtype) * unit
         scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
         # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in
         # unit 1, where epsilon does not underflow (epsilon * h^2 is 0: 0 * rsqrt(0), NaN)
-        take = ~finite | (tiny & ~kept_after_rescue(tiny, scaled.var))
-        var, scaled_unit = _capped(scaled, tiny, dtype) if options.tiny_groups else scaled[1:3]
+        if options.tiny_groups:
+            kept = finite & kept_after_rescue(tiny, scaled.var)
+            var, scaled_unit = _capped(scaled, tiny, dtype)
+        else:
+            kept, var, scaled_unit = finite, scaled.var, scaled.unit
         return Statistics(
-            jnp.where(take, scaled.mean / unit, plain.mean),
-            jnp.where(take, var, plain.var),
-            jnp.where(take, jnp.where(scaled.var > 0, scaled_unit * unit, 1), plain.unit),
-            jnp.where(take, scaled.sigma / unit, plain.sigma),
+            jnp.where(kept, plain.mean, scaled.mean / unit),
+            jnp.where(kept, plain.var, var),
+            jnp.where(kept, plain.unit, jnp.where(scaled.var > 0, scaled_unit * unit, 1)),
+            jnp.where(kept, plain.sigma, scaled.sigma / unit),
         )
 
-    return lax.cond(jnp.all(finite & ~tiny), lambda: plain, rescaled)
+    stands = finite & ~tiny if options.tiny_groups else finite
+    return lax.cond(jnp.all(stands), lambda: plain, rescaled)
 
 
 def _capped(scaled: Statistics, tiny: jnp.ndarray, dtype: jnp.dtype) -> tuple[jnp.ndarray, jnp.ndarray]:

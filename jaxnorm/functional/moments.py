@@ -203,13 +203,15 @@ def _statistics_in_units(
     ``tiny_groups``; a constant group stays in unit 1). One careful pass over ``values`` per unit."""
     safe_count = jnp.maximum(count, 1)
 
-    def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def in_unit(unit: float | jnp.ndarray, about_plain_mean: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
         scaled = values * unit
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-        # about the plain (exact) mean where it is finite in the unit: a constant group's deviations are
-        # then exactly 0, where about a rounded centre they are not, and the rescue would take their noise
-        plain_centre = plain[0] * unit
-        centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, centre)
+        if about_plain_mean:
+            # the tiny rescue, about the plain (exact) mean where it is finite in the unit: a constant
+            # group's deviations are then exactly 0, where about a rounded centre they are not, and the
+            # rescue would take their noise
+            plain_centre = plain[0] * unit
+            centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, centre)
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
 
     huge = huge_unit(plain[0].dtype)
@@ -217,7 +219,7 @@ def _statistics_in_units(
     if not tiny_groups:
         return statistics
     tiny = rescue_unit(plain[1])
-    rescued = in_unit(tiny)
+    rescued = in_unit(tiny, about_plain_mean=True)
     keep = kept_after_rescue(_underflowing(plain[1], count), rescued[1])
     return select_in_unit(keep, statistics, rescued, tiny)
 

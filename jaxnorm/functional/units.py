@@ -177,7 +177,7 @@ def rescue_unit(spread: jnp.ndarray) -> jnp.ndarray:
 
 
 def kept_after_rescue(underflowing: jnp.ndarray, rescued_spread: jnp.ndarray) -> jnp.ndarray:
-    """Per group, whether the statistics already chosen stand after the rescue in :func:`underflow_unit`:
+    """Per group, whether the statistics already chosen stand after the rescue in :func:`rescue_unit`:
     where the group did not underflow, or where the spread (variance, M2 or mean square) of ``x *
     underflow_unit`` is not positive and finite. A constant group keeps unit 1 that way, where
     ``epsilon``'s floor bounds its gradient: its spread is 0 in any unit, or, where the deviations about
@@ -359,7 +359,10 @@ def inverse_std(statistics: Statistics, epsilon: float) -> jnp.ndarray | None:
     # a positive epsilon below the tiny bound with a tiny group's unit (up to max_unit): epsilon * unit^2
     # can overflow; the variance is negligible beside it there, and the inverse is 1 / (sqrt(epsilon) unit)
     overflowed = ~jnp.isfinite(total)
-    beside_epsilon = jnp.asarray(1 / math.sqrt(epsilon), var.dtype) / unit
+    # (an epsilon too small for this to overflow, below 2^-124 in float32, may have an inverse square
+    # root beyond the dtype: clipped, it is never selected)
+    inverse = min(1 / math.sqrt(epsilon), float(jnp.finfo(var.dtype).max))
+    beside_epsilon = jnp.asarray(inverse, var.dtype) / unit
     return jnp.where(overflowed, beside_epsilon, _rsqrt(jnp.where(overflowed, 1, total)))
 
 
