@@ -689,8 +689,13 @@ def test_tiny_positive_epsilon_gradient_where_the_deviations_are_subnormal(name)
     n = 256
     pattern = 1.5 + 1e-3 * np.random.default_rng(0).normal(size=n)
     x = jnp.asarray((pattern[:, None] * 2.0**-124).astype(np.float32))
+    ordinary = jnp.asarray(np.random.default_rng(1).normal(size=(n, 1)).astype(np.float32))
     for epsilon in (1e-30, 1e-20):
         fn = functools.partial(fns[name], e=epsilon)
+        if name not in ("rms", "layer_norm_axes"):  # per column: an ordinary one beside it is unchanged
+            both = np.asarray(fn(jnp.concatenate([x, ordinary], 1)))
+            np.testing.assert_allclose(both[:, 1:], np.asarray(fn(ordinary)), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(both[:, :1], np.asarray(fn(x)), rtol=1e-5, atol=1e-30)
         slope = float(jax.grad(lambda v, fn=fn: fn(v)[3, 0])(x)[3, 0])
         centred = name != "rms"
         want = ((1 - 1 / n) if centred else 1) / np.sqrt(epsilon)
