@@ -162,7 +162,7 @@ def _overflowed_groups_in_unit(
         # one unit for every group, huge_unit, unless tiny groups are rescued too (epsilon = 0)
         unit = huge_unit(dtype)
         if options.tiny_groups:
-            unit = jnp.where(tiny, subnormal_unit(dtype), jnp.where(finite, 1, unit)).astype(dtype)
+            unit = jnp.where(tiny, s, jnp.where(finite, 1, unit)).astype(dtype)
         scaled_x = r.x.astype(dtype) * unit
         scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
         # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in

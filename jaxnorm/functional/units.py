@@ -72,8 +72,8 @@ class Statistics(NamedTuple):
       mean: the mean ``mu`` of ``x``.
       var: ``sigma_hat**2`` of ``x * unit`` (``None``: mean-only normalization).
       unit: 1, :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`, or, at
-        ``epsilon = 0``, a power of two above 1 for tiny groups (:func:`lift_tiny`,
-        :func:`underflow_unit`; ``None``: 1 everywhere).
+        ``epsilon = 0``, a power of two above 1 for tiny groups, at most :func:`max_unit`
+        (:func:`lift_tiny`, :func:`rescue_unit`; ``None``: 1 everywhere).
       sigma: ``sigma_hat`` of ``x`` itself, whose derivative is taken in ``x``'s scale (``None``: not
         computed). What :func:`true_variance` and :func:`reported_sigma` differentiate in groups held in
         a unit: through ``var`` the cotangent of ``var / unit^2`` is ``2^192`` times the variance's in a
@@ -179,7 +179,7 @@ def rescue_unit(spread: jnp.ndarray) -> jnp.ndarray:
 def kept_after_rescue(underflowing: jnp.ndarray, rescued_spread: jnp.ndarray) -> jnp.ndarray:
     """Per group, whether the statistics already chosen stand after the rescue in :func:`rescue_unit`:
     where the group did not underflow, or where the spread (variance, M2 or mean square) of ``x *
-    underflow_unit`` is not positive and finite. A constant group keeps unit 1 that way, where
+    rescue_unit`` is not positive and finite. A constant group keeps unit 1 that way, where
     ``epsilon``'s floor bounds its gradient: its spread is 0 in any unit, or, where the deviations about
     a rounded centre do not cancel exactly, the rounding of its values squared (inf where they are not
     small)."""
@@ -315,9 +315,8 @@ def needs_tiny_unit(epsilon: float, dtype: jnp.dtype) -> bool:
 def lift_tiny(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(var * t^2, unit * t)`` with ``t`` :func:`tiny_unit` where ``var`` :func:`is_tiny`, else
     ``(var, unit)`` (and where ``unit * t`` would pass :func:`max_unit`): the variance of ``x * unit * t``
-    (exact, a power of two). For statistics whose
-    derivative is written with their own ``unit`` (a custom JVP), so that no cotangent is formed in the
-    unscaled variance."""
+    (exact, a power of two). For statistics whose derivative is written with their own ``unit`` (a custom
+    JVP), so that no cotangent is formed in the unscaled variance."""
     liftable = is_tiny(var) & (unit <= max_unit(var.dtype) / tiny_unit(var.dtype))
     lift = lax.stop_gradient(jnp.where(liftable, tiny_unit(var.dtype), 1).astype(var.dtype))
     return var * (lift * lift), unit * lift
@@ -336,7 +335,7 @@ def add_epsilon(var: jnp.ndarray, epsilon: float, unit: jnp.ndarray | None = Non
         total = var + epsilon
     elif 0 < epsilon < tiny:
         # a subnormal epsilon is flushed to 0 as an operand (XLA:CPU): scaled into the normal numbers
-        # first, then times the unit's two factors (a tiny group's unit is up to 2^96)
+        # first, then times the unit's two factors (a tiny group's unit is up to max_unit)
         lift = _tiny_headroom(var.dtype)
         total = var + (epsilon * lift) * unit * (unit / lift)
     else:
