@@ -567,6 +567,82 @@ def test_per_example_norms_take_complex_input_like_flax(name, framework):
     np.testing.assert_array_equal(np.asarray(y_ours), np.asarray(y_theirs))
 
 
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+def test_complex_batch_norm_with_an_empty_mask_channel_is_defined(framework):
+    """A feature that keeps no element of the mask: flax gives NaN output and NaN running statistics for
+    complex input (a mean over no element); ours, as for real input, mean 0 and variance 1 (output
+    ``x / sqrt(1 + eps)``), running statistics unchanged, the other features as flax (fails on f7e5cd2)."""
+    xc = _complex_input()
+    mask = np.ones(xc.shape, bool)
+    mask[:, 1] = False
+    mask[:3, 2] = False
+    mask = jnp.asarray(mask)
+    if framework == "linen":
+        module = jn.BatchNorm(use_running_average=False)
+        variables = module.init(KEY, xc)
+        y, state = module.apply(variables, xc, mask=mask, mutable=["batch_stats"])
+        before, after = variables["batch_stats"], state["batch_stats"]
+        grad = jax.grad(lambda v: jnp.sum(jnp.abs(module.apply(v, xc, mask=mask, mutable=["batch_stats"])[0])))
+        gradient = grad(variables)["params"]
+    else:
+        module = jnnx.BatchNorm(4, rngs=nnx.Rngs(0))
+        before = {"mean": module.mean[...], "var": module.var[...]}
+        y = module(xc, mask=mask)
+        after = {"mean": module.mean[...], "var": module.var[...]}
+        gradient = nnx.grad(lambda m: jnp.sum(jnp.abs(m(xc, mask=mask))))(module)
+    np.testing.assert_allclose(np.asarray(y[:, 1]), np.asarray(xc[:, 1]) / np.sqrt(1 + 1e-5), rtol=1e-6)
+    for name in ("mean", "var"):
+        assert after[name][1] == before[name][1], name
+        assert bool(jnp.all(jnp.isfinite(after[name]))), name
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(gradient))
+    theirs = fnn.BatchNorm(use_running_average=False)
+    y_theirs, _ = theirs.apply(theirs.init(KEY, xc), xc, mask=mask, mutable=["batch_stats"])
+    np.testing.assert_array_equal(np.asarray(y[:, [0, 2, 3]]), np.asarray(y_theirs[:, [0, 2, 3]]))
+
+
+@pytest.mark.parametrize("layer", ["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_complex_per_example_norm_of_an_empty_mask_row_is_defined(layer):
+    """A row that keeps no element: NaN in flax (complex input), ``x / sqrt(1 + eps)`` here, as for real
+    input; finite gradient (fails on f7e5cd2)."""
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(4, 6)) + 1j * rng.normal(size=(4, 6)), jnp.complex64)
+    mask = np.ones(x.shape, bool)
+    mask[2] = False
+    module = getattr(jn, layer)(**({"num_groups": 2} if layer == "GroupNorm" else {}))
+    variables = module.init(KEY, x)
+    y = module.apply(variables, x, mask=jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(y[2]), np.asarray(x[2]) / np.sqrt(1 + 1e-6), rtol=1e-6)
+    grad = jax.grad(lambda v: jnp.sum(jnp.abs(module.apply(v, x, mask=jnp.asarray(mask)))))(variables)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grad))
+
+
+def test_complex_batch_norm_across_devices_weighs_each_element_once():
+    """With a mask across devices (here ``vmap`` with an axis name, 4 devices, one keeping nothing), the
+    complex statistics are those of the global batch, as for real input (flax: each device's masked
+    mean with equal weight, NaN for the empty device)."""
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.normal(size=(16, 3)) + 1j * rng.normal(1.0, 2.0, size=(16, 3)), jnp.complex64)
+    mask = rng.random((16, 3)) < 0.6
+    mask[:4] = False
+    mask = jnp.asarray(mask)
+    module = jn.BatchNorm(use_running_average=False, axis_name="d")
+    variables = jn.BatchNorm(use_running_average=False).init(KEY, x)
+
+    def apply(xs, ms):
+        return module.apply(variables, xs, mask=ms, mutable=["batch_stats"])
+
+    y, state = jax.vmap(apply, axis_name="d")(x.reshape(4, 4, 3), mask.reshape(4, 4, 3))
+    y_one, state_one = jn.BatchNorm(use_running_average=False).apply(
+        variables, x, mask=mask, mutable=["batch_stats"]
+    )
+    np.testing.assert_allclose(np.asarray(y).reshape(16, 3), np.asarray(y_one), rtol=1e-5, atol=1e-6)
+    for name in ("mean", "var"):
+        np.testing.assert_allclose(
+            np.asarray(state["batch_stats"][name][0]), np.asarray(state_one["batch_stats"][name]), rtol=1e-5,
+            atol=1e-7,
+        )
+
+
 def test_complex_per_example_norm_p1_is_refused_by_name():
     with pytest.raises(TypeError, match="p=2 only"):
         jn.LayerNorm(p=1).init(KEY, _complex_input())

@@ -237,3 +237,46 @@ def test_constant_channel_has_zero_dispersion_and_the_exact_gradient(
     np.testing.assert_array_equal(np.asarray(y), 0.0)
     got = np.asarray(vjp(jnp.asarray(cotangent, jnp.float32))[0])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+# A constant group whose first part (a device's share, or a channel of a group) keeps no element: the
+# merge of partial moments (Chan et al.) was taken about the first part's mean, an empty part's 0, so
+# the merged mean was rounded and the group came out as +-1 at epsilon = 0 (found by fuzzing the
+# cross-device paths; fails on f7e5cd2 at p = 2).
+FIRST_PART_EMPTY = {
+    "batch, devices": lambda x, m, p, eps: jax.vmap(
+        lambda a, b: F.batch_norm(a, p=p, mask=b, epsilon=eps, axis_name="d"), axis_name="d"
+    )(x.reshape(8, 4, 1), m.reshape(8, 4, 1)).reshape(x.shape),
+    "layer, devices": lambda x, m, p, eps: jax.vmap(
+        lambda a, b: F.layer_norm(a, p=p, mask=b, epsilon=eps, axis_name="d"), in_axes=1, out_axes=1,
+        axis_name="d",
+    )(x.reshape(1, 8, 4), m.reshape(1, 8, 4)).reshape(x.shape),
+    "group, channels": lambda x, m, p, eps: F.group_norm(
+        x.reshape(1, 4, 8), 1, p=p, mask=m.reshape(1, 4, 8), epsilon=eps
+    ).reshape(x.shape),
+}
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-5])
+@pytest.mark.parametrize("p", P_VALUES)
+@pytest.mark.parametrize("name", sorted(FIRST_PART_EMPTY))
+def test_constant_group_whose_first_part_is_empty_is_zero(name, p, epsilon):
+    x = jnp.full((32,), 0.3, jnp.float32)
+    mask = np.ones(32, bool)
+    if name.startswith("group"):  # channel 0 of the one group (elements 0, 8, 16, 24) and one more masked
+        mask[::8] = False
+        mask[1] = False
+    else:  # device 0's share (elements 0-3) and one more masked: unequal counts
+        mask[:4] = False
+        mask[5] = False
+    y = FIRST_PART_EMPTY[name](x, jnp.asarray(mask), p, epsilon)
+    np.testing.assert_array_equal(np.asarray(y)[mask], 0.0)
+
+
+def test_batch_stats_of_a_constant_channel_with_an_empty_first_device():
+    x, mask = jnp.full((8, 4, 1), 0.3, jnp.float32), np.ones((8, 4, 1), bool)
+    mask[0] = False
+    mask[1, 1] = False
+    stats = jax.vmap(lambda a, b: F.batch_stats(a, mask=b, axis_name="d"), axis_name="d")(x, jnp.asarray(mask))
+    np.testing.assert_array_equal(np.asarray(stats[0]), np.float32(0.3))
+    np.testing.assert_array_equal(np.asarray(stats[1]), 0.0)

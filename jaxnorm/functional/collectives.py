@@ -85,8 +85,10 @@ def gather_combine(
     count = jnp.broadcast_to(moments.count, moments.mean.shape)
     parts = [count, moments.mean] + ([] if moments.m2 is None else [moments.m2])
     gathered, gathered_extra = gather_invariant((jnp.stack(parts), extra), axis_name, axis_index_groups)
+    # a scalar count (no mask) is every device's: the merge then knows that no device's part is empty
+    merge_count = moments.count if jnp.ndim(moments.count) == 0 else gathered[:, 0]
     merged = combine_moments(
-        Moments(gathered[:, 0], gathered[:, 1], None if moments.m2 is None else gathered[:, 2]), 0
+        Moments(merge_count, gathered[:, 1], None if moments.m2 is None else gathered[:, 2]), 0
     )
     squeeze = lambda a: None if a is None else a[0]
     return Moments(*map(squeeze, merged)), gathered[:, 0], gathered_extra

@@ -8,9 +8,11 @@ data. The statistics are those of flax, not of jaxnorm's real path (no unit for 
 mean for constant ones): a module's complex numbers match flax's.
 
 With ``use_fast_variance`` the variance is ``E|x|^2 - |E x|^2`` clipped at 0 (one pass), else
-``E|x - E x|^2``. With ``mask`` the means are over its True elements; with ``axis_name`` each device's
-means are averaged (``pmean``, equal weight per device, as flax: jaxnorm's real path instead weighs each
-element once).
+``E|x - E x|^2``. Without a mask, with ``axis_name``, each device's means are averaged (``pmean``, as
+flax). With ``mask`` the means are over its True elements, and across devices each element weighs once
+(sums and counts summed, as in jaxnorm's real path; flax averages the devices' masked means with equal
+weight, which differs where devices keep different numbers of elements, and is NaN where a device keeps
+none); a group that keeps no element has mean 0 and variance 1, as in the real path (flax: NaN).
 """
 
 from __future__ import annotations
@@ -69,20 +71,51 @@ def complex_moments(
     mask = check_mask(mask, x)
 
     def mean(*values: jnp.ndarray) -> tuple[jnp.ndarray, ...]:
-        means = tuple(jnp.mean(v, axes, keepdims=True, where=mask) for v in values)
+        if mask is not None:
+            return _masked_means(values, mask, axes, axis_name, axis_index_groups)
+        means = tuple(jnp.mean(v, axes, keepdims=True) for v in values)
         if axis_name is None:
             return means
         return lax.pmean(means, axis_name, axis_index_groups=axis_index_groups)
 
     if not centred:
         (var,) = mean(_abs_square(x))
-        return jnp.zeros_like(var), var
+        return jnp.zeros_like(var), _empty_groups_at_one(var, mask, axes, axis_name, axis_index_groups)
     if use_fast_variance:
         mu, mean_square = mean(x, _abs_square(x))
-        return mu, jnp.maximum(0.0, mean_square - _abs_square(mu))
-    (mu,) = mean(x)
-    (var,) = mean(_abs_square(x - mu))
-    return mu, var
+        var = jnp.maximum(0.0, mean_square - _abs_square(mu))
+    else:
+        (mu,) = mean(x)
+        (var,) = mean(_abs_square(x - mu))
+    return mu, _empty_groups_at_one(var, mask, axes, axis_name, axis_index_groups)
+
+
+def _counts(mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_groups) -> jnp.ndarray:
+    """The number of True elements of ``mask`` per group, on every device of ``axis_name`` together."""
+    count = jnp.sum(mask, axes, keepdims=True, dtype=jnp.float32)
+    if axis_name is None:
+        return count
+    return lax.psum(count, axis_name, axis_index_groups=axis_index_groups)
+
+
+def _masked_means(
+    values: tuple[jnp.ndarray, ...], mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_groups
+) -> tuple[jnp.ndarray, ...]:
+    """The means of ``values`` over the True elements of ``mask`` on every device together (each element
+    weighs once), 0 for a group without elements (a finite derivative: no ``0 / 0``)."""
+    totals = tuple(jnp.sum(jnp.where(mask, v, 0), axes, keepdims=True) for v in values)
+    if axis_name is not None:
+        totals = lax.psum(totals, axis_name, axis_index_groups=axis_index_groups)
+    count = _counts(mask, axes, axis_name, axis_index_groups)
+    return tuple(total / jnp.maximum(count, 1).astype(total.real.dtype) for total in totals)
+
+
+def _empty_groups_at_one(var: jnp.ndarray, mask, axes, axis_name, axis_index_groups) -> jnp.ndarray:
+    """``var`` with 1 where a group keeps no element of ``mask`` (its mean is 0): ``x / sqrt(1 + eps)``
+    there, as in the real path, neither amplified nor NaN."""
+    if mask is None:
+        return var
+    return jnp.where(_counts(mask, axes, axis_name, axis_index_groups) > 0, var, 1)
 
 
 def complex_normalize(

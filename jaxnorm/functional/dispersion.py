@@ -148,39 +148,71 @@ def _overflowed_groups_in_unit(
     """
     plain = statistics_of(r, options)
     finite = lax.stop_gradient(jnp.isfinite(plain.mean) & jnp.isfinite(plain.var))
-    dtype = plain.var.dtype
     if options.tiny_groups:
-        # scaled by s only where x * s stays finite: a group of equal large values has sigma_hat 0 too
-        s = subnormal_unit(dtype)
-        tiny = lax.stop_gradient(
-            finite & underflows(jnp.square(plain.sigma)) & jnp.isfinite(plain.mean * (2 * s))
-        )
-    else:
-        tiny = None
+        return _huge_and_tiny_groups_in_unit(statistics_of, r, options, plain, finite)
 
     def rescaled() -> Statistics:
-        # one unit for every group, huge_unit, unless tiny groups are rescued too (epsilon = 0)
-        unit = huge_unit(dtype)
-        if options.tiny_groups:
-            unit = jnp.where(tiny, s, jnp.where(finite, 1, unit)).astype(dtype)
-        scaled_x = r.x.astype(dtype) * unit
-        scaled = statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
-        # a constant group (equal values near the maximum) has variance 0 in any unit: it stays in
-        # unit 1, where epsilon does not underflow (epsilon * h^2 is 0: 0 * rsqrt(0), NaN)
-        if options.tiny_groups:
-            kept = finite & kept_after_rescue(tiny, scaled.var)
-            var, scaled_unit = _capped(scaled, tiny, dtype)
-        else:
-            kept, var, scaled_unit = finite, scaled.var, scaled.unit
-        return Statistics(
-            jnp.where(kept, plain.mean, scaled.mean / unit),
-            jnp.where(kept, plain.var, var),
-            jnp.where(kept, plain.unit, jnp.where(scaled.var > 0, scaled_unit * unit, 1)),
-            jnp.where(kept, plain.sigma, scaled.sigma / unit),
-        )
+        # one unit for every group, huge_unit; a constant group (equal values near the maximum) has
+        # variance 0 in any unit and is finite: it stays in unit 1 (epsilon * h^2 is 0: 0 * rsqrt(0))
+        unit = huge_unit(plain.var.dtype)
+        scaled = _statistics_of_scaled(statistics_of, r, options, unit, plain.var.dtype)
+        return _selected(finite, plain, scaled._replace(unit=scaled.unit * unit), unit)
 
-    stands = finite & ~tiny if options.tiny_groups else finite
-    return lax.cond(jnp.all(stands), lambda: plain, rescaled)
+    return lax.cond(jnp.all(finite), lambda: plain, rescaled)
+
+
+def _huge_and_tiny_groups_in_unit(
+    statistics_of: Callable[[Reduction, BatchOptions], Statistics],
+    r: Reduction,
+    options: BatchOptions,
+    plain: Statistics,
+    finite: jnp.ndarray,
+) -> Statistics:
+    """:func:`_overflowed_groups_in_unit` with ``options.tiny_groups`` (``epsilon = 0``): the groups whose
+    ``sigma_hat`` squared :func:`~jaxnorm.functional.units.underflows` taken again on ``x * s`` (``s``
+    :func:`~jaxnorm.functional.units.subnormal_unit`; where ``x * s`` stays finite: a group of equal large
+    values has ``sigma_hat`` 0 too), the others that did not overflow in unit 1 (a per-group unit)."""
+    dtype = plain.var.dtype
+    s = subnormal_unit(dtype)
+    tiny = finite & underflows(jnp.square(plain.sigma)) & jnp.isfinite(plain.mean * (2 * s))
+    tiny = lax.stop_gradient(tiny)
+
+    def rescaled() -> Statistics:
+        unit = jnp.where(tiny, s, jnp.where(finite, 1, huge_unit(dtype))).astype(dtype)
+        scaled = _statistics_of_scaled(statistics_of, r, options, unit, dtype)
+        # a constant group, whose spread stays 0 in any unit, keeps its statistics
+        kept = finite & kept_after_rescue(tiny, scaled.var)
+        var, scaled_unit = _capped(scaled, tiny, dtype)
+        return _selected(kept, plain, scaled._replace(var=var, unit=scaled_unit * unit), unit)
+
+    return lax.cond(jnp.all(finite & ~tiny), lambda: plain, rescaled)
+
+
+def _statistics_of_scaled(
+    statistics_of: Callable[[Reduction, BatchOptions], Statistics],
+    r: Reduction,
+    options: BatchOptions,
+    unit: float | jnp.ndarray,
+    dtype: jnp.dtype,
+) -> Statistics:
+    """The statistics of ``x * unit`` in ``dtype`` (their own unit, of ``x * unit``'s variance, not yet
+    times ``unit``)."""
+    scaled_x = r.x.astype(dtype) * unit
+    return statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
+
+
+def _selected(
+    kept: jnp.ndarray, plain: Statistics, scaled: Statistics, unit: float | jnp.ndarray
+) -> Statistics:
+    """Per group, the ``plain`` statistics where ``kept``, else the ``scaled`` ones of ``x * unit`` with
+    their mean and ``sigma_hat`` taken back to ``x``'s scale (``scaled.unit`` already the total unit;
+    a group of variance 0 in the unit stays in unit 1)."""
+    return Statistics(
+        jnp.where(kept, plain.mean, scaled.mean / unit),
+        jnp.where(kept, plain.var, scaled.var),
+        jnp.where(kept, plain.unit, jnp.where(scaled.var > 0, scaled.unit, 1)),
+        jnp.where(kept, plain.sigma, scaled.sigma / unit),
+    )
 
 
 def _capped(scaled: Statistics, tiny: jnp.ndarray, dtype: jnp.dtype) -> tuple[jnp.ndarray, jnp.ndarray]:

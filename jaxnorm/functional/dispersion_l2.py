@@ -29,12 +29,9 @@ from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.reduction import Reduction, empty_statistics, masked_mean
 from jaxnorm.functional.units import (
     Statistics,
-    huge_unit,
     in_range,
-    kept_after_rescue,
     lift_tiny,
-    rescue_unit,
-    select_in_unit,
+    statistics_in_units_where_needed,
     underflows,
 )
 
@@ -97,26 +94,15 @@ def _merged_l2(
     x: jnp.ndarray, mask: jnp.ndarray | None, layout: Reduction, options: BatchOptions
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``(count, mean, var, unit)`` of groups merged over channels or devices, the unit chosen after
-    the merge."""
+    the merge (:func:`~jaxnorm.functional.units.statistics_in_units_where_needed`)."""
     count, mean, var = _l2_in_unit(x, mask, layout, options)
-    plain = in_range(mean, var)
-    # with options.tiny_groups, groups whose variance underflows are taken again in rescue_unit
-    tiny = (count > 0) & underflows(var) if options.tiny_groups else jnp.zeros_like(plain)
+    underflowing = (count > 0) & underflows(var) if options.tiny_groups else None
 
     def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         return _l2_in_unit(x.astype(var.dtype) * unit, mask, layout, options)[1:]
 
-    def rescaled() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-        huge = huge_unit(var.dtype)
-        statistics = select_in_unit(plain, (mean, var), in_unit(huge), huge)
-        if not options.tiny_groups:
-            return statistics
-        tiny_unit = rescue_unit(var)
-        rescued = in_unit(tiny_unit)
-        return select_in_unit(kept_after_rescue(tiny, rescued[1]), statistics, rescued, tiny_unit)
-
     # the count stays outside the conditional: a constant where there is no mask
-    return count, *lax.cond(jnp.all(plain & ~tiny), lambda: (mean, var, jnp.ones_like(var)), rescaled)
+    return count, *statistics_in_units_where_needed((mean, var), in_range(mean, var), underflowing, in_unit)
 
 
 def _local_l2(

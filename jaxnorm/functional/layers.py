@@ -37,6 +37,7 @@ from jaxnorm.functional.units import needs_tiny_unit, true_variance
 __all__ = [
     "INSTANCE_BATCH_AXIS_MESSAGE",
     "BatchNormOutput",
+    "ComplexReduction",
     "batch_norm_layer",
     "check_instance_feature_axes",
     "complex_batch_norm_layer",
@@ -258,32 +259,52 @@ def complex_batch_norm_layer(
         return BatchNormOutput(y, running_mean, running_var)
     new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(mean).reshape(running_mean.shape)
     new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(var).reshape(running_var.shape)
+    occupied = _occupied(x, feature_axes, mask, None, axis_name, axis_index_groups)
+    if occupied is not None:  # a feature that keeps no element of the mask keeps its running statistics
+        new_mean = jnp.where(occupied.reshape(running_mean.shape), new_mean, running_mean)
+        new_var = jnp.where(occupied.reshape(running_var.shape), new_var, running_var)
     return BatchNormOutput(y, new_mean, new_var)
+
+
+class ComplexReduction(NamedTuple):
+    """Where a per-example layer takes the statistics of complex input (:func:`complex_per_example_layer`).
+
+    Attributes:
+      layer: the flax layer it stands for ("LayerNorm", "GroupNorm", "RMSNorm"), named in errors.
+      axes: the reduced axes of ``x``.
+      feature_shape: the broadcast shape of ``scale`` and ``bias``.
+      num_groups: group norm's channel groups of the last axis, reduced over too (``None``: none).
+      centred: subtract the mean (``False``: RMS norm, ``var = E|x|^2``).
+      use_fast_variance: flax's one-pass variance.
+      axis_name, axis_index_groups: the devices the statistics are taken over.
+    """
+
+    layer: str
+    axes: tuple[int, ...]
+    feature_shape: tuple[int, ...]
+    num_groups: int | None = None
+    centred: bool = True
+    use_fast_variance: bool = True
+    axis_name: str | Sequence[str] | None = None
+    axis_index_groups: AxisIndexGroups = None
 
 
 def complex_per_example_layer(
     x: jnp.ndarray,
-    axes: tuple[int, ...],
+    reduction: ComplexReduction,
     *,
     scale: jnp.ndarray | None,
     bias: jnp.ndarray | None,
-    feature_shape: tuple[int, ...],
     epsilon: float,
-    p: PNorm | float = 2,
-    num_groups: int | None = None,
-    centred: bool = True,
-    use_fast_variance: bool = True,
-    mask: jnp.ndarray | None = None,
-    axis_name: str | Sequence[str] | None = None,
-    axis_index_groups: AxisIndexGroups = None,
-    dtype: jnp.dtype | None = None,
-    layer: str = "LayerNorm",
+    p: PNorm | float,
+    mask: jnp.ndarray | None,
+    dtype: jnp.dtype | None,
 ) -> jnp.ndarray:
     """Layer / instance / group / RMS norm of complex ``x`` as flax computes it
-    (:mod:`jaxnorm.functional.complex_norm`), over ``axes`` (and, with ``num_groups``, over the channels
-    of each group of the last axis). ``p = 2`` only."""
-    check_complex_p(p, layer)
-    grouped = x
+    (:mod:`jaxnorm.functional.complex_norm`), over ``reduction.axes`` (and, with ``num_groups``, over the
+    channels of each group of the last axis). ``p = 2`` only."""
+    check_complex_p(p, reduction.layer)
+    grouped, axes, num_groups = x, reduction.axes, reduction.num_groups
     if num_groups is not None:  # (..., C) -> (..., G, C / G), reduced over the channels of a group too
         grouped = x.reshape(*x.shape[:-1], num_groups, x.shape[-1] // num_groups)
         mask = None if mask is None else jnp.broadcast_to(mask, x.shape).reshape(grouped.shape)
@@ -291,11 +312,11 @@ def complex_per_example_layer(
     mean, var = complex_moments(
         grouped,
         axes,
-        centred=centred,
-        use_fast_variance=use_fast_variance,
+        centred=reduction.centred,
+        use_fast_variance=reduction.use_fast_variance,
         mask=mask,
-        axis_name=axis_name,
-        axis_index_groups=axis_index_groups,
+        axis_name=reduction.axis_name,
+        axis_index_groups=reduction.axis_index_groups,
         dtype=dtype,
     )
     if num_groups is not None:  # each group's statistics on each of its channels
@@ -307,8 +328,8 @@ def complex_per_example_layer(
         mean,
         var,
         epsilon=epsilon,
-        scale=_expand(scale, feature_shape),
-        bias=_expand(bias, feature_shape),
+        scale=_expand(scale, reduction.feature_shape),
+        bias=_expand(bias, reduction.feature_shape),
         dtype=_output_dtype(dtype, x, scale, bias),
     )
 
@@ -347,10 +368,12 @@ def layer_norm_layer(
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     if jnp.iscomplexobj(x):
+        reduction = ComplexReduction(
+            "LayerNorm", axes, shape, use_fast_variance=use_fast_variance, axis_name=axis_name,
+            axis_index_groups=axis_index_groups,
+        )
         return complex_per_example_layer(
-            x, axes, scale=scale, bias=bias, feature_shape=shape, epsilon=epsilon, p=p,
-            use_fast_variance=use_fast_variance, mask=mask, axis_name=axis_name,
-            axis_index_groups=axis_index_groups, dtype=dtype,
+            x, reduction, scale=scale, bias=bias, epsilon=epsilon, p=p, mask=mask, dtype=dtype
         )
     return per_example_norm(
         x,
@@ -397,10 +420,12 @@ def group_norm_layer(
         axes = axes[:-1]
     shape = _feature_shape(x, (x.ndim - 1,))
     if jnp.iscomplexobj(x):
+        reduction = ComplexReduction(
+            "GroupNorm", axes, shape, num_groups=groups, use_fast_variance=use_fast_variance,
+            axis_name=axis_name, axis_index_groups=axis_index_groups,
+        )
         return complex_per_example_layer(
-            x, axes, scale=scale, bias=bias, feature_shape=shape, epsilon=epsilon, p=p, num_groups=groups,
-            use_fast_variance=use_fast_variance, mask=mask, axis_name=axis_name,
-            axis_index_groups=axis_index_groups, dtype=dtype, layer="GroupNorm",
+            x, reduction, scale=scale, bias=bias, epsilon=epsilon, p=p, mask=mask, dtype=dtype
         )
     return per_example_norm(
         x,
@@ -437,9 +462,12 @@ def rms_norm_layer(
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     reduction_axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
     if jnp.iscomplexobj(x):
+        reduction = ComplexReduction(
+            "RMSNorm", reduction_axes, shape, centred=False, axis_name=axis_name,
+            axis_index_groups=axis_index_groups,
+        )
         return complex_per_example_layer(
-            x, reduction_axes, scale=scale, bias=None, feature_shape=shape, epsilon=epsilon, centred=False,
-            mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, layer="RMSNorm",
+            x, reduction, scale=scale, bias=None, epsilon=epsilon, p=2, mask=mask, dtype=dtype
         )
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
     if scale is not None:

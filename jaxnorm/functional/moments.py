@@ -19,14 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.functional.platform import per_platform, separate_reads
-from jaxnorm.functional.units import (
-    huge_unit,
-    in_range,
-    kept_after_rescue,
-    rescue_unit,
-    select_in_unit,
-    underflows,
-)
+from jaxnorm.functional.units import in_range, statistics_in_units, underflows
 
 __all__ = [
     "CONDITION_LIMIT",
@@ -197,31 +190,27 @@ def _statistics_in_units(
     axes: tuple[int, ...],
     tiny_groups: bool,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """``(mean, M2, unit)``: the ``plain`` statistics of ``values`` (``x`` widened, zero where masked) where
-    they stand, else those of ``values * unit``: :func:`~jaxnorm.functional.units.huge_unit` out of
-    range, :func:`~jaxnorm.functional.units.rescue_unit` where the variance underflows (with
-    ``tiny_groups``; a constant group stays in unit 1). One careful pass over ``values`` per unit."""
+    """``(mean, M2, unit)`` of :func:`~jaxnorm.functional.units.statistics_in_units`: the ``plain``
+    statistics of ``values`` (``x`` widened, zero where masked) where they stand, else those of
+    ``values * unit``, one careful pass over ``values`` per unit (a constant group stays in unit 1)."""
     safe_count = jnp.maximum(count, 1)
 
-    def in_unit(unit: float | jnp.ndarray, about_plain_mean: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         scaled = values * unit
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-        if about_plain_mean:
-            # the tiny rescue, about the plain (exact) mean where it is finite in the unit: a constant
-            # group's deviations are then exactly 0, where about a rounded centre they are not, and the
-            # rescue would take their noise
-            plain_centre = plain[0] * unit
-            centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, centre)
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
 
-    huge = huge_unit(plain[0].dtype)
-    statistics = select_in_unit(in_range(*plain), plain, in_unit(huge), huge)
-    if not tiny_groups:
-        return statistics
-    tiny = rescue_unit(plain[1])
-    rescued = in_unit(tiny, about_plain_mean=True)
-    keep = kept_after_rescue(_underflowing(plain[1], count), rescued[1])
-    return select_in_unit(keep, statistics, rescued, tiny)
+    def about_plain_mean(unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        # the tiny rescue, about the plain (exact) mean where it is finite in the unit: a constant
+        # group's deviations are then exactly 0, where about a rounded centre they are not, and the
+        # rescue would take their noise
+        scaled, plain_centre = values * unit, plain[0] * unit
+        rough = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
+        centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, rough)
+        return _shifted_pass(scaled, centre, mask, axes, safe_count)
+
+    underflowing = _underflowing(plain[1], count) if tiny_groups else None
+    return statistics_in_units(plain, in_range(*plain), underflowing, in_unit, about_plain_mean)
 
 
 def _shifted_pass(
@@ -318,15 +307,19 @@ def _mean_m2_jvp(axes, one_pass, primals, tangents):
 def combine_moments(moments: Moments, axis: int) -> Moments:
     """Merge partial moments along ``axis`` (keepdims) with Chan et al.'s formula.
 
-    ``n = sum n_i``, ``mean = mean_0 + sum n_i (mean_i - mean_0) / n`` (about the first part's mean, so
-    equal means merge exactly), ``M2 = sum M2_i + sum n_i (mean_i - mean)^2``.
-    Exact for unequal counts; groups with ``n = 0`` contribute nothing.
+    ``n = sum n_i``, ``mean = mean_r + sum n_i (mean_i - mean_r) / n`` about the mean of ``r``, the first
+    part with elements (so that equal means merge exactly: a constant group, whatever parts a mask
+    empties), ``M2 = sum M2_i + sum n_i (mean_i - mean)^2``. Exact for unequal counts; parts with
+    ``n = 0`` contribute nothing.
     """
     count = jnp.broadcast_to(moments.count, moments.mean.shape)
     total = jnp.sum(count, axis=axis, keepdims=True)
     safe_total = jnp.maximum(total, 1)
-    # about the first part's mean, so that equal means merge to exactly that mean (a constant group)
-    reference = lax.index_in_dim(moments.mean, 0, axis, keepdims=True)
+    if jnp.ndim(moments.count) == 0:  # one count for every part (no mask): the first part
+        reference = lax.index_in_dim(moments.mean, 0, axis, keepdims=True)
+    else:  # an empty part's mean is 0: about it, a constant group's merged mean would be rounded
+        first_with_elements = jnp.argmax(count > 0, axis=axis, keepdims=True)
+        reference = jnp.take_along_axis(moments.mean, first_with_elements, axis=axis)
     mean = reference + jnp.sum(count * (moments.mean - reference), axis=axis, keepdims=True) / safe_total
     if moments.m2 is None:
         return Moments(total, mean, None)
@@ -368,7 +361,9 @@ def group_combine(moments: Moments, groups: ChannelGroups | None) -> Moments:
         return moments
     shape = moments.mean.shape
     split = lambda a: None if a is None else _split_groups(a, groups, shape)
-    merged = combine_moments(Moments(*map(split, moments)), groups.channel_axis + 1)
+    # a scalar count (no mask) stays one: the merge then knows that no part is empty
+    count = moments.count if jnp.ndim(moments.count) == 0 else split(moments.count)
+    merged = combine_moments(Moments(count, split(moments.mean), split(moments.m2)), groups.channel_axis + 1)
     merge = lambda a: None if a is None else _merge_groups(a, groups, shape)
     return Moments(*map(merge, merged))
 

@@ -37,13 +37,11 @@ from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.units import (
     Statistics,
-    huge_unit,
     in_range,
     inverse_std,
-    kept_after_rescue,
     lift_tiny,
     needs_tiny_unit,
-    rescue_unit,
+    statistics_in_units_where_needed,
     underflows,
 )
 
@@ -262,27 +260,17 @@ def _mean_square_in_unit(
     where it is tiny (:func:`~jaxnorm.functional.units.lift_tiny`). Derivative (custom JVP, no
     conditional in the backward pass): ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
     mean_square = _masked_mean(jnp.square(x), mask, r, 1)
-    ones = jnp.ones_like(mean_square)
-    plain = in_range(mean_square, mean_square)
-    # with r.tiny_groups, rows whose mean square underflows are taken again in rescue_unit
-    tiny = underflows(mean_square) if r.tiny_groups else jnp.zeros_like(plain)
+    underflowing = underflows(mean_square) if r.tiny_groups else None
+    zero = jnp.zeros_like(mean_square)  # RMS norm has no mean: the statistics are (0, mean square)
 
-    def in_unit(unit: float | jnp.ndarray) -> jnp.ndarray:
-        return _masked_mean(jnp.square(x * unit), mask, r, 1)
+    def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        # (a row of zeros stays in unit 1 after the rescue, where epsilon's floor bounds it)
+        return zero, _masked_mean(jnp.square(x * unit), mask, r, 1)
 
-    def select(kept: jnp.ndarray, statistics: tuple, scaled: jnp.ndarray, unit: float | jnp.ndarray) -> tuple:
-        return jnp.where(kept, statistics[0], scaled), jnp.where(kept, statistics[1], unit).astype(x.dtype)
-
-    def rescaled() -> tuple[jnp.ndarray, jnp.ndarray]:
-        huge = huge_unit(x.dtype)
-        statistics = select(plain, (mean_square, ones), in_unit(huge), huge)
-        if not r.tiny_groups:
-            return statistics
-        tiny_unit = rescue_unit(mean_square)
-        rescued = in_unit(tiny_unit)  # a row of zeros stays in unit 1, where epsilon's floor bounds it
-        return select(kept_after_rescue(tiny, rescued), statistics, rescued, tiny_unit)
-
-    mean_square, unit = lax.cond(jnp.all(plain & ~tiny), lambda: (mean_square, ones), rescaled)
+    plain = (zero, mean_square)
+    _, mean_square, unit = statistics_in_units_where_needed(
+        plain, in_range(mean_square, mean_square), underflowing, in_unit
+    )
     return lift_tiny(mean_square, unit) if r.tiny_groups else (mean_square, unit)
 
 

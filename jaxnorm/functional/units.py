@@ -36,6 +36,7 @@ in the unit, ``x * unit - mean * unit``, and the p != 2 groups of tiny ``sigma_h
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -56,6 +57,8 @@ __all__ = [
     "reported_sigma",
     "rescue_unit",
     "select_in_unit",
+    "statistics_in_units",
+    "statistics_in_units_where_needed",
     "subnormal_unit",
     "tiny_unit",
     "true_variance",
@@ -127,6 +130,48 @@ def select_in_unit(
         jnp.where(keep, spread, scaled_spread),
         jnp.where(keep, plain_unit, unit).astype(spread.dtype),
     )
+
+
+InUnit = Callable[[float | jnp.ndarray], tuple[jnp.ndarray, jnp.ndarray]]
+"""``unit -> (mean, spread)``: the statistics of ``x * unit``, both in the unit (the ``scaled`` argument
+of :func:`select_in_unit`)."""
+
+
+def statistics_in_units(
+    plain: tuple[jnp.ndarray, jnp.ndarray],
+    keep: jnp.ndarray,
+    underflowing: jnp.ndarray | None,
+    in_unit: InUnit,
+    rescued_in_unit: InUnit | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """Per group ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` where ``keep``
+    (:func:`in_range`), else those of ``x * huge_unit`` (``in_unit``); then, where ``underflowing`` (with
+    ``epsilon = 0``, a spread that :func:`underflows`; ``None``: no such check), those of
+    ``x * rescue_unit`` (``rescued_in_unit``, default ``in_unit``) unless :func:`kept_after_rescue`.
+    Selects, no conditional: every unit's statistics are computed (:func:`statistics_in_units_where_needed`
+    takes them only where some group needs them)."""
+    huge = huge_unit(plain[1].dtype)
+    statistics = select_in_unit(keep, plain, in_unit(huge), huge)
+    if underflowing is None:
+        return statistics
+    unit = rescue_unit(plain[1])
+    rescued = (rescued_in_unit or in_unit)(unit)
+    return select_in_unit(kept_after_rescue(underflowing, rescued[1]), statistics, rescued, unit)
+
+
+def statistics_in_units_where_needed(
+    plain: tuple[jnp.ndarray, jnp.ndarray],
+    keep: jnp.ndarray,
+    underflowing: jnp.ndarray | None,
+    in_unit: InUnit,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """:func:`statistics_in_units` (one ``in_unit`` for both units) behind a :func:`jax.lax.cond`:
+    ``(*plain, 1)`` where every group is kept and none is underflowing, so ordinary input takes no other
+    pass over ``x``."""
+    stands = keep if underflowing is None else keep & ~underflowing
+    ones = jnp.ones_like(plain[1])
+    rescaled = lambda: statistics_in_units(plain, keep, underflowing, in_unit)
+    return lax.cond(jnp.all(stands), lambda: (*plain, ones), rescaled)
 
 
 def underflow_unit(dtype: jnp.dtype) -> float:
