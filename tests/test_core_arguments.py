@@ -296,6 +296,24 @@ MALFORMED = [
     case(F.linf_constant, ("a",), {}, "n"),
     case(F.scaled_weight_norm, (jnp.ones((3, 0)), 1.0), {}, "v|shape"),  # a kernel without units
     case(F.batch_norm, (jnp.ones((1, 4)),), {}, "batch|x"),
+    # --- module flags and parameter dtypes (flax takes any value's truthiness, and integer parameters;
+    # these were accepted before, 'no' as True; a zero size raised ZeroDivisionError)
+    case(linen(jn.LayerNorm), (), dict(use_bias="no"), "use_bias", TypeError),
+    case(linen(jn.RMSNorm), (), dict(use_scale=1), "use_scale", TypeError),
+    case(linen(jn.GroupNorm, X4, num_groups=2), (), dict(param_dtype=jnp.int32), "param_dtype", TypeError),
+    case(linen(jn.BatchNorm), (), dict(use_running_average="no"), "use_running_average", TypeError),
+    case(nnx_new(jnnx.LayerNorm, 4), (), dict(use_scale="no"), "use_scale", TypeError),
+    case(nnx_new(jnnx.RMSNorm, 4), (), dict(param_dtype=jnp.int8), "param_dtype", TypeError),
+    case(nnx_new(jnnx.BatchNorm, 4), (), dict(use_running_average="no"), "use_running_average", TypeError),
+    case(nnx_call(jnnx.BatchNorm, X2, 4, use_running_average=None), (), {}, "use_running_average", ValueError),
+    case(linen(jn.BoundedWeightNormDense, X2, features=3), (), dict(per_unit="no"), "per_unit", TypeError),
+    case(nnx_new(jnnx.BoundedWeightNormDense, 4, 3), (), dict(per_unit="no"), "per_unit", TypeError),
+    case(linen(jn.WSConv, X4, features=3, kernel_size=(3, 3)), (), dict(use_gain="yes"), "use_gain", TypeError),
+    case(nnx_new(jnnx.WSConv, 4, 3, (3, 3)), (), dict(use_gain="yes"), "use_gain", TypeError),
+    case(linen(jn.WeightNormDense, X2), (), dict(features=0), "features", ValueError),
+    case(linen(jn.WeightNormConv, X4, features=3), (), dict(kernel_size=(0, 3)), "kernel_size", ValueError),
+    case(nnx_new(jnnx.WeightNormDense, 4), (), dict(out_features=0), "out_features", ValueError),
+    case(nnx_new(jnnx.WeightNormDense, 4, 3), (), dict(use_bias="no"), "use_bias", TypeError),
     # --- magnitude-preserving blocks (EDM2)
     case(F.mp_weight, (V2,), dict(gain=0.0), "gain"),
     case(F.mp_weight, (V2,), dict(gain=jnp.ones((V2.shape[0], 1))), "gain"),  # scaled input rows

@@ -1000,3 +1000,57 @@ def test_ghost_batch_running_variance_of_a_huge_channel_is_clipped_not_inf():
     )
     assert np.all(np.isfinite(np.asarray(out.running_var)))
     assert float(out.running_var[1]) > 3e36
+
+
+# Constant groups of large equal values (found by fuzzing the modules): their rounded raw mean left
+# deviations of an ulp whose squares passed in_range, so the group was taken again in the huge unit, where
+# its variance is exactly 0 and epsilon * unit^2 underflows: rsqrt(0) * 0, NaN output and gradient at
+# p = 2 (1e26 with n = 8, 1e30 with n = 3 ... 60). A group of spread 0 in the unit now keeps unit 1.
+HUGE_CONSTANT_NORMS = {
+    "batch_norm": lambda x, **kw: F.batch_norm(x, **kw),
+    "batch_norm_two_pass": lambda x, **kw: F.batch_norm(x, use_fast_variance=False, **kw),
+    "layer_norm_axes": lambda x, **kw: F.layer_norm(x, axis=(1, 2, 3), **kw),
+    "group_norm": lambda x, **kw: F.group_norm(x, 2, **kw),
+    "instance_norm": lambda x, **kw: F.instance_norm(x, **kw),
+    "mean_only": lambda x, **kw: F.batch_norm(x, mean_only=True, **kw),
+}
+
+
+def _huge_constant_case(name, value, n, epsilon, forms=None):
+    if forms is not None:
+        forms()
+    f = HUGE_CONSTANT_NORMS[name]
+    x = jnp.full((n, 2, 2, 4), value, jnp.float32)
+    y = f(x, epsilon=epsilon)
+    cotangent = jnp.arange(x.size, dtype=jnp.float32).reshape(x.shape)
+    grad = jax.grad(lambda a: jnp.sum(f(a, epsilon=epsilon) * cotangent))(x)
+    # the same function's gradient at an ordinary constant: a constant group's gradient does not depend
+    # on its value (the variance's derivative is 0 there)
+    expected = jax.grad(lambda a: jnp.sum(f(a, epsilon=epsilon) * cotangent))(jnp.full_like(x, 0.5))
+    np.testing.assert_array_equal(np.asarray(y), 0.0)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(expected), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("n", [3, 8, 60])
+@pytest.mark.parametrize("value", [1e26, 1e30, 3e38])
+@pytest.mark.parametrize("name", sorted(HUGE_CONSTANT_NORMS))
+def test_huge_constant_groups_normalize_to_exactly_zero(name, value, n):
+    _huge_constant_case(name, value, n, 1e-5)
+
+
+@pytest.mark.parametrize("value", [1e30, 3e38])
+@pytest.mark.parametrize("name", sorted(HUGE_CONSTANT_NORMS))
+def test_huge_constant_groups_normalize_to_exactly_zero_accelerator_forms(accelerator_forms, name, value):
+    _huge_constant_case(name, value, 8, 1e-5, accelerator_forms)
+
+
+def test_mean_only_batch_norm_of_input_whose_sum_overflows():
+    """``mean_only``: a channel whose sum overflows (mean ~8e36, n = 64) gave a NaN mean, output and running
+    mean; now the mean of ``x * 2^-96`` over ``2^-96`` (before: NaN)."""
+    x = np.abs(np.random.default_rng(0).normal(size=(64, 3))) * 1e37
+    y = F.batch_norm(jnp.asarray(x, jnp.float32), mean_only=True)
+    x64 = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    expected = x64 - x64.mean(0)
+    np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    mean, _ = F.batch_moments(jnp.asarray(x, jnp.float32), mean_only=True)
+    np.testing.assert_allclose(np.asarray(mean, np.float64).ravel(), x64.mean(0), rtol=1e-6)

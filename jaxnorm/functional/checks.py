@@ -88,6 +88,17 @@ def check_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
+def check_param_dtype(value: object, name: str = "param_dtype") -> jnp.dtype:
+    """A floating (or complex) dtype for parameters: an integer ``scale`` or ``bias`` would be rounded."""
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a floating dtype, got {value!r}") from None
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(f"{name} must be a floating dtype (parameters are trained), got {dtype.name}")
+    return dtype
+
+
 def check_momentum(value: object, name: str = "momentum") -> float:
     """A real number in [0, 1]."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):

@@ -56,12 +56,30 @@ __all__ = [
 
 def mean_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, None]:
     """``(mean, None)``: the mean only, exact for constant groups (one correction pass, and a ``psum``
-    across devices)."""
+    across devices). Groups whose sum of ``x`` overflows (finite input near the dtype's maximum) take the
+    mean of ``x * h`` over ``h`` instead (``h`` :func:`~jaxnorm.functional.units.huge_unit`, a power of
+    two: exact), behind a :func:`jax.lax.cond`."""
+    mean = _exact_mean_only(r)
+    dtype = mean.dtype
+
+    def rescaled() -> jnp.ndarray:
+        h = huge_unit(dtype)
+        scaled_x = r.x.astype(dtype) * h
+        in_unit = _exact_mean_only(r._replace(x=scaled_x, deviations=scaled_x)) / h
+        # the overflowed mean has no derivative: its select's zero cotangent stays 0
+        return jnp.where(jnp.isfinite(mean), mean, in_unit)
+
+    finite = jnp.isfinite(lax.stop_gradient(mean))
+    return lax.cond(jnp.all(finite), lambda: mean, rescaled), None
+
+
+def _exact_mean_only(r: Reduction) -> jnp.ndarray:
+    """The mean of ``r``, merged over channel groups and devices, exact for a constant group."""
     moments = group_combine(local_moments(r.x, r.axes, mask=r.mask, with_m2=False), r.groups)
     if r.axis_name is not None:
         moments, _, _ = gather_combine(moments, r.axis_name, r.axis_index_groups)
     moments = masked_mean(moments, r.mask)
-    return masked_mean(moments._replace(mean=exact_mean(moments, r)), r.mask).mean, None
+    return masked_mean(moments._replace(mean=exact_mean(moments, r)), r.mask).mean
 
 
 DISPERSIONS: dict[object, Callable[[Reduction, BatchOptions], tuple]] = {

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jax import lax
 
+from jaxnorm.functional.checks import check_positive_int
+
 __all__ = ["apply_linear", "canonical_padding", "kernel_shape"]
 
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
@@ -20,7 +22,12 @@ Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
 def kernel_shape(
     in_features: int, features: int, kernel_size: Sequence[int] | None, feature_group_count: int = 1
 ) -> tuple[int, ...]:
-    """``(in, out)`` for Dense (``kernel_size=None``), ``(*kernel_size, in // groups, out)`` for Conv."""
+    """``(in, out)`` for Dense (``kernel_size=None``), ``(*kernel_size, in // groups, out)`` for Conv;
+    every size a positive integer (a ``ValueError`` naming it)."""
+    check_positive_int(features, "features")
+    if kernel_size is not None:
+        for size in kernel_size:
+            check_positive_int(size, f"kernel_size={tuple(kernel_size)!r}: every size")
     if kernel_size is None:
         return (in_features, features)
     if in_features % feature_group_count or features % feature_group_count:

@@ -147,11 +147,17 @@ def statistics_in_units(
     """Per group ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` where ``keep``
     (:func:`in_range`), else those of ``x * huge_unit`` (``in_unit``); then, where ``underflowing`` (with
     ``epsilon = 0``, a spread that :func:`underflows`; ``None``: no such check), those of
-    ``x * rescue_unit`` (``rescued_in_unit``, default ``in_unit``) unless :func:`kept_after_rescue`.
+    ``x * rescue_unit`` (``rescued_in_unit``, default ``in_unit``) unless :func:`kept_after_rescue`. A
+    group whose spread is 0 in the huge unit (a constant group) keeps unit 1.
     Selects, no conditional: every unit's statistics are computed (:func:`statistics_in_units_where_needed`
     takes them only where some group needs them)."""
     huge = huge_unit(plain[1].dtype)
-    statistics = select_in_unit(keep, plain, in_unit(huge), huge)
+    scaled = in_unit(huge)
+    mean, spread, unit = select_in_unit(keep, plain, scaled, huge)
+    # a constant group (large equal values whose rounded sums left the range) has spread 0 in the unit:
+    # it stays in unit 1 with that spread and the unit's exact mean, where epsilon does not underflow
+    # (epsilon * huge^2 is 0 in float32: 0 * rsqrt(0), NaN)
+    statistics = mean, spread, jnp.where(keep | (scaled[1] > 0), unit, 1).astype(unit.dtype)
     if underflowing is None:
         return statistics
     unit = rescue_unit(plain[1])

@@ -25,7 +25,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import layers
 from jaxnorm.functional.batch import batch_gives_statistics
-from jaxnorm.functional.checks import PNorm, canonical_axes
+from jaxnorm.functional.checks import PNorm, canonical_axes, check_bool, check_param_dtype
 from jaxnorm.functional.options import check_batch_options
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
@@ -34,9 +34,16 @@ Axes = int | Sequence[int]
 
 
 def _scale_and_bias(mdl: nn.Module, shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """Declare ``params/scale`` and ``params/bias`` as flax does (feature-shaped, param_dtype)."""
-    scale = mdl.param("scale", mdl.scale_init, shape, mdl.param_dtype) if mdl.use_scale else None
-    bias = mdl.param("bias", mdl.bias_init, shape, mdl.param_dtype) if mdl.use_bias else None
+    """Declare ``params/scale`` and ``params/bias`` as flax does (feature-shaped, param_dtype; RMSNorm has
+    no bias), after checking ``use_scale``, ``use_bias`` and ``param_dtype`` (flax takes any value's
+    truthiness, and integer parameters)."""
+    param_dtype = check_param_dtype(mdl.param_dtype)
+
+    def declare(name: str, use: object, init: Initializer) -> Any:
+        return mdl.param(name, init, shape, param_dtype) if check_bool(use, f"use_{name}") else None
+
+    scale = declare("scale", mdl.use_scale, mdl.scale_init)
+    bias = declare("bias", mdl.use_bias, mdl.bias_init) if hasattr(mdl, "use_bias") else None
     return scale, bias
 
 
@@ -85,8 +92,9 @@ class BatchNorm(nn.Module):
     @nn.compact
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
         """Normalize ``x``; ``mask`` (boolean, broadcastable to ``x``) selects the statistics' elements."""
-        use_running_average = nn.merge_param(
-            "use_running_average", self.use_running_average, use_running_average
+        use_running_average = check_bool(
+            nn.merge_param("use_running_average", self.use_running_average, use_running_average),
+            "use_running_average",
         )
         options = check_batch_options(
             self.p, self.topk, self.calibration, self.virtual_batch_size, self.mean_only,
@@ -273,7 +281,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x, *, mask=None):
         feature_axes = canonical_axes(self.feature_axes, x.ndim, "feature_axes")
         shape = tuple(x.shape[a] for a in feature_axes)
-        scale = self.param("scale", self.scale_init, shape, self.param_dtype) if self.use_scale else None
+        scale, _ = _scale_and_bias(self, shape)
         return layers.rms_norm_layer(
             x,
             scale=scale,

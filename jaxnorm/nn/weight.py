@@ -22,7 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.checks import check_bool
+from jaxnorm.functional.checks import check_bool, check_param_dtype
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
@@ -70,12 +70,12 @@ class _Dense(nn.Module):
     @nn.compact
     def __call__(self, x):
         shape = linear.kernel_shape(x.shape[-1], self.features, None)
-        v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        v = self.param("kernel", self.kernel_init, shape, check_param_dtype(self.param_dtype))
         kernel, bias = self._reparametrize(v, x)
         return self._activate(self._linear(x, kernel, bias))
 
     def _bias(self, init_value=None):
-        if not self.use_bias:
+        if not check_bool(self.use_bias, "use_bias"):
             return None
         init = self.bias_init if init_value is None else (lambda *_: init_value.astype(self.param_dtype))
         return self.param("bias", init, (self.features,), self.param_dtype)
@@ -118,7 +118,7 @@ class _Conv(nn.Module):
     def __call__(self, x):
         kernel_size = (self.kernel_size,) if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
         shape = linear.kernel_shape(x.shape[-1], self.features, kernel_size, self.feature_group_count)
-        v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        v = self.param("kernel", self.kernel_init, shape, check_param_dtype(self.param_dtype))
         kernel, bias = self._reparametrize(v, x)
         return self._activate(self._linear(x, kernel, bias))
 
@@ -195,7 +195,7 @@ class _BoundedWeightNorm(nn.Module):
     def _reparametrize(self, v, x):
         def init_rho():
             norms = unit_norm(v)
-            return norms if self.per_unit else jnp.mean(norms)
+            return norms if check_bool(self.per_unit, "per_unit") else jnp.mean(norms)
 
         rho = self.variable("constants", "rho", init_rho)
         return bounded_weight_norm(v, rho.value, epsilon=self.epsilon), self._bias()
@@ -209,7 +209,8 @@ class _WeightStandardization(nn.Module):
     gain_init: Initializer = initializers.ones
 
     def _reparametrize(self, v, x):
-        gain = self.param("gain", self.gain_init, (v.shape[-1],), self.param_dtype) if self.use_gain else None
+        use_gain = check_bool(self.use_gain, "use_gain")
+        gain = self.param("gain", self.gain_init, (v.shape[-1],), self.param_dtype) if use_gain else None
         return weight_standardization(v, gain=gain, epsilon=self.epsilon), self._bias()
 
 

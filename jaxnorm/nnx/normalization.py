@@ -32,9 +32,11 @@ from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
     canonical_p,
+    check_bool,
     check_epsilon,
     check_floating,
     check_momentum,
+    check_param_dtype,
 )
 from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
@@ -63,6 +65,9 @@ class _Affine(nnx.Module):
                      scale_init, axis_name, axis_index_groups, use_fast_variance, promote_dtype, rngs,
                      bias_metadata, scale_metadata):
         shape = (num_features,)
+        # checked: flax.nnx takes any value's truthiness, and integer parameters
+        use_scale, use_bias = check_bool(use_scale, "use_scale"), check_bool(use_bias, "use_bias")
+        param_dtype = check_param_dtype(param_dtype)
         self.scale = optional_param(use_scale, scale_init, shape, param_dtype, rngs, scale_metadata)
         self.bias = optional_param(use_bias, bias_init, shape, param_dtype, rngs, bias_metadata)
         self.num_features = num_features
@@ -147,6 +152,8 @@ class BatchNorm(_Affine):
             promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
             scale_metadata=scale_metadata,
         )
+        if use_running_average is not None:  # None: given at call or by model.eval() / model.train()
+            check_bool(use_running_average, "use_running_average")
         self.use_running_average = use_running_average
         self.axis = axis
         self.momentum = momentum
@@ -182,6 +189,7 @@ class BatchNorm(_Affine):
                 "use_running_average must be given to BatchNorm's constructor or call (or set with "
                 "model.eval() / model.train()), got None in both"
             )
+        use_running_average = check_bool(use_running_average, "use_running_average")
         feature_axes = _check_features(x, self.axis, self.num_features, "axis")
         x, scale, bias = self._promoted(x, statistics=(self.mean[...], self.var[...]))
         running_mean, running_var = self.mean[...], self.var[...]
@@ -387,6 +395,7 @@ class RMSNorm(nnx.Module):
         rngs: nnx.Rngs,
         scale_metadata: Mapping[str, Any] = NO_METADATA,
     ):
+        use_scale, param_dtype = check_bool(use_scale, "use_scale"), check_param_dtype(param_dtype)
         self.scale = optional_param(use_scale, scale_init, (num_features,), param_dtype, rngs, scale_metadata)
         self.num_features = num_features
         self.epsilon = check_epsilon(epsilon)

@@ -24,7 +24,13 @@ from flax import nnx
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.checks import check_bool, check_epsilon, check_positive_values
+from jaxnorm.functional.checks import (
+    check_bool,
+    check_epsilon,
+    check_param_dtype,
+    check_positive_int,
+    check_positive_values,
+)
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
@@ -67,7 +73,9 @@ class _Dense(nnx.Module):
 
     def _init_dense(self, in_features, out_features, *, use_bias, dtype, param_dtype, kernel_init, bias_init,
                     rngs, kernel_metadata, bias_metadata):
+        check_positive_int(out_features, "out_features")
         shape = linear.kernel_shape(in_features, out_features, None)
+        use_bias, param_dtype = check_bool(use_bias, "use_bias"), check_param_dtype(param_dtype)
         self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype), **kernel_metadata)
         self.bias = optional_param(use_bias, bias_init, (out_features,), param_dtype, rngs, bias_metadata)
         self.in_features = in_features
@@ -101,7 +109,9 @@ class _Conv(_Dense):
                    kernel_dilation, feature_group_count, use_bias, dtype, param_dtype, kernel_init, bias_init,
                    rngs, kernel_metadata, bias_metadata):
         kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+        check_positive_int(out_features, "out_features")
         shape = linear.kernel_shape(in_features, out_features, kernel_size, feature_group_count)
+        use_bias, param_dtype = check_bool(use_bias, "use_bias"), check_param_dtype(param_dtype)
         self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype), **kernel_metadata)
         self.bias = optional_param(use_bias, bias_init, (out_features,), param_dtype, rngs, bias_metadata)
         self.in_features = in_features
@@ -207,6 +217,7 @@ class _BoundedWeightNorm:
 
     def _init_bounded_weight_norm(self, per_unit, epsilon):
         norms = unit_norm(self.kernel[...])
+        per_unit = check_bool(per_unit, "per_unit")
         self.rho = Constant(norms if per_unit else jnp.mean(norms))
         self.per_unit = per_unit
         self.epsilon = check_epsilon(epsilon)
@@ -219,7 +230,7 @@ class _WeightStandardization:
     """Scaled weight standardization (Brock et al. 2021, Eq. 2) with a learned per-unit ``gain``."""
 
     def _init_weight_standardization(self, use_gain, epsilon, gain_init, rngs):
-        shape = (self.out_features,)
+        shape, use_gain = (self.out_features,), check_bool(use_gain, "use_gain")
         self.gain = optional_param(use_gain, gain_init, shape, self.param_dtype, rngs, NO_METADATA)
         self.use_gain = use_gain
         self.epsilon = check_epsilon(epsilon)
