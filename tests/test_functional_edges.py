@@ -277,6 +277,7 @@ def test_batch_stats_of_a_constant_channel_with_an_empty_first_device():
     x, mask = jnp.full((8, 4, 1), 0.3, jnp.float32), np.ones((8, 4, 1), bool)
     mask[0] = False
     mask[1, 1] = False
-    stats = jax.vmap(lambda a, b: F.batch_stats(a, mask=b, axis_name="d"), axis_name="d")(x, jnp.asarray(mask))
+    stats_of = jax.vmap(lambda a, b: F.batch_stats(a, mask=b, axis_name="d"), axis_name="d")
+    stats = stats_of(x, jnp.asarray(mask))
     np.testing.assert_array_equal(np.asarray(stats[0]), np.float32(0.3))
     np.testing.assert_array_equal(np.asarray(stats[1]), 0.0)

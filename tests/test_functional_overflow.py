@@ -1051,6 +1051,7 @@ def test_mean_only_batch_norm_of_input_whose_sum_overflows():
     y = F.batch_norm(jnp.asarray(x, jnp.float32), mean_only=True)
     x64 = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
     expected = x64 - x64.mean(0)
-    np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    tolerance = 1e-6 * np.abs(expected).max()
+    np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=0, atol=tolerance)
     mean, _ = F.batch_moments(jnp.asarray(x, jnp.float32), mean_only=True)
     np.testing.assert_allclose(np.asarray(mean, np.float64).ravel(), x64.mean(0), rtol=1e-6)
