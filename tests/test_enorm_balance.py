@@ -473,3 +473,42 @@ def test_objective_takes_c_one_as_any_scalar():
     expected = float(objective(variables, spec, c=1.0))
     for c in (np.float32(1.0), jnp.asarray(1.0), np.int64(1)):
         assert float(objective(variables, spec, c=c)) == expected
+
+
+def _two_layer():
+    rng = np.random.default_rng(0)
+    params = {
+        "a": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)},
+        "b": {"kernel": jnp.asarray(3 * rng.normal(size=(4, 2)), jnp.float32)},
+    }
+    return params, lambda p, x: jax.nn.relu(x @ p["a"]["kernel"]) @ p["b"]["kernel"]
+
+
+@pytest.mark.parametrize("role", ["producers", "consumers"])
+def test_an_entry_listed_twice_in_a_junction_is_refused(role):
+    """A (leaf, axis) listed twice in one role was scaled twice (d^2 for d): the function changed by 7.5 on
+    outputs of at most 7 with no error (fails on f7e5cd2)."""
+    params, _ = _two_layer()
+    producer, consumer = (("a", "kernel"), 1), (("b", "kernel"), 0)
+    junction = (
+        Junction((producer, producer), (consumer,))
+        if role == "producers"
+        else Junction((producer,), (consumer, consumer))
+    )
+    with pytest.raises(ValueError, match=f"junction 0 {role}: .*kernel .*twice"):
+        enorm_balance(params, [junction])
+
+
+def test_one_leaf_over_disjoint_positions_or_in_both_roles_is_accepted():
+    """Entries of one leaf over disjoint ``index`` positions split its units (the function is kept), and a
+    square kernel may be a producer along one axis and a consumer along the other: neither is refused."""
+    params, f = _two_layer()
+    halves = [np.array([0, 1, -1, -1]), np.array([-1, -1, 2, 3])]
+    split = Junction(tuple((("a", "kernel"), 1, index) for index in halves), ((("b", "kernel"), 0),))
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(5, 3)), jnp.float32)
+    balanced = enorm_balance(params, [split])
+    np.testing.assert_allclose(f(balanced, x), f(params, x), rtol=1e-5, atol=1e-5)
+    # a square kernel in both roles on different axes (a recurrent weight's units): not a repetition
+    recurrent = {"w": jnp.asarray(np.random.default_rng(2).normal(size=(4, 4)), jnp.float32)}
+    balanced = enorm_balance(recurrent, [Junction(((("w",), 1),), ((("w",), 0),))])
+    assert balanced["w"].shape == (4, 4) and bool(jnp.all(jnp.isfinite(balanced["w"])))

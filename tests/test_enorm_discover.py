@@ -395,3 +395,26 @@ def test_arrays_the_function_closes_over_are_never_taken_as_zero():
     apply = lambda p: nnx.merge(graphdef, p, rest)(x)
     balanced = jaxnorm.enorm_balance(params, spec, cycles=3)
     np.testing.assert_allclose(np.asarray(apply(balanced)), np.asarray(apply(params)), atol=1e-5)
+
+
+@pytest.mark.parametrize("addend", ["scalar", "reduced"])
+def test_a_scalar_or_reduced_addend_refutes_its_units_without_crashing(addend):
+    """``f(x) + c`` with ``c`` a learnable scalar (or ``b.sum()``) broadcast into the output: the trace back
+    from the sum crashed (``cannot broadcast a non-scalar to a scalar array``, f7e5cd2); now the output
+    units are left out with a reason and the hidden junction is still found."""
+    rng = np.random.default_rng(0)
+    params = {
+        "w1": jnp.asarray(rng.normal(size=(6, 5)), jnp.float32),
+        "w2": jnp.asarray(4 * rng.normal(size=(5, 4)), jnp.float32),
+        "c": jnp.ones(()),
+        "b": jnp.ones((3,)),
+    }
+    offset = (lambda p: p["c"]) if addend == "scalar" else (lambda p: p["b"].sum())
+    f = lambda p, x: jax.nn.relu(x @ p["w1"]) @ p["w2"] + offset(p)
+    spec = discover(f, params, jnp.ones((7, 6)))
+    assert [(j.producers[0][0], j.consumers[0][0]) for j in spec] == [(("w1",), ("w2",))]
+    assert any("w2" in str(entry) for entry in spec.left_out)
+    balanced = enorm_balance(params, spec)
+    assert not np.allclose(balanced["w1"], params["w1"])
+    x = jnp.asarray(rng.normal(size=(7, 6)), jnp.float32)
+    np.testing.assert_allclose(f(balanced, x), f(params, x), rtol=1e-5, atol=1e-5)

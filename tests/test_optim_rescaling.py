@@ -340,3 +340,20 @@ _SHARDED_SCRIPT = textwrap.dedent(
 
 def test_sharded_params_match_single_device():
     assert "OK" in run_on_devices(_SHARDED_SCRIPT)
+
+
+def test_rescaled_adam_state_that_is_inf_stays_saturated_not_nan():
+    """Weights ~1e-30 with gradients ~1e30 (both finite): Adam's ``nu`` is inf (optax's own overflow; its
+    update is then 0), and WRS with ``rescale_state=True`` divided it by ``m**2``, which overflows float32 for
+    ``m ~ 6e29``: inf / inf, NaN state and NaN params from the second step (fails on f7e5cd2)."""
+    rng = np.random.default_rng(0)
+    params = {"k": jnp.asarray(rng.normal(size=(3, 4)) * 1e-30, jnp.float32)}
+    tx = weight_rescaling(1, inner=optax.adam(0.1), rescale_state=True)
+    state = tx.init(params)
+    for _ in range(3):
+        grads = {"k": jnp.asarray(rng.normal(size=(3, 4)) * 1e30, jnp.float32)}
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        assert bool(jnp.all(jnp.isfinite(params["k"])))
+        assert not any(bool(jnp.any(jnp.isnan(leaf))) for leaf in jax.tree.leaves(state))
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(params["k"]), axis=0), 1.0, rtol=1e-5)

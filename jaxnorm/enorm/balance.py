@@ -210,8 +210,32 @@ def plan_spec(params: PyTree, spec: Sequence[Junction], what: str) -> tuple[Plan
             )
         if units == 0:
             raise ValueError(f"{what}: junction {k} has no units")
+        for role, role_slices, role_entries in (
+            ("producers", prods, junction.producers), ("consumers", cons, junction.consumers)
+        ):
+            _check_no_overlap(role_slices, role_entries, leaves, f"{what}: junction {k} {role}")
         plans.append(Plan(units, prods, cons))
     return tuple(plans)
+
+
+def _check_no_overlap(
+    slices: Sequence[Slice], entries: Sequence[Any], leaves: Sequence[Any], what: str
+) -> None:
+    """Entries of one role (producers or consumers) of a junction must not cover an element of a leaf twice
+    along the same axis: it would be scaled twice (``d^2`` for ``d``), which changes the function. Entries
+    of one leaf over disjoint ``index`` positions are fine."""
+    covered: dict[tuple[int, int], np.ndarray] = {}
+    for entry, s in zip(entries, slices, strict=True):
+        shape = tuple(leaves[s.leaf].shape)
+        mask = np.ones(shape, bool) if s.index is None else np.broadcast_to(np.asarray(s.index) >= 0, shape)
+        seen = covered.get((s.leaf, s.axis))
+        if seen is not None and np.any(seen & mask):
+            path = "/".join(map(str, entry[0]))
+            raise ValueError(
+                f"{what}: {path} (axis {s.axis}) is listed twice over the same elements; each element may "
+                "appear once per role (it would be scaled twice and the function would change)"
+            )
+        covered[(s.leaf, s.axis)] = mask if seen is None else seen | mask
 
 
 # ----------------------------------------------------------------------------------------------

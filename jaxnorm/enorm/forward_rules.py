@@ -322,12 +322,15 @@ def _unscaled_operand(fp: ForwardPass, e: Eqn, x: Any, ref: Scaled, shape: tuple
     if not isinstance(x, int):
         raise Refuted(constant_addend_reason(x))
     target = broadcast_ids(ref.ids, shape)
-    axes = [i for i, n in enumerate(fp.shape(x)) if n == 1 and shape[i] > 1]
+    # a lower-rank addend (a scalar, a reduced value) broadcasts along the leading axes it lacks
+    x_shape = tuple(fp.shape(x))
+    padded = (1,) * (len(shape) - len(x_shape)) + x_shape
+    axes = [i for i, n in enumerate(padded) if n == 1 and shape[i] > 1]
     if not constant_along(target, axes):
         raise Refuted("a broadcast addend would need several units")
     if fp.mode is TraceMode.INVARIANCE:
         raise Refuted("a scaled value plus an unscaled one")
-    raise AddendMustScale(x, squash(target, axes), ref.power)
+    raise AddendMustScale(x, squash(target, axes).reshape(x_shape), ref.power)
 
 
 def product_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:

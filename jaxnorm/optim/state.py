@@ -106,11 +106,18 @@ def _divide(field: PyTree, multipliers: PyTree, power: int) -> PyTree:
 def saturating_divide(x: jax.Array, m: jax.Array, power: int = 1) -> jax.Array:
     """``x / m**power`` computed in at least float32 and returned in ``x``'s dtype, saturated at that
     dtype's largest finite value: a float16 Adam ``nu`` divided by ``m**2 = 1e-4`` stays finite
-    instead of overflowing to ``inf`` (and then NaN updates). NaN stays NaN."""
+    instead of overflowing to ``inf`` (and then NaN updates); an ``inf`` state divided by an ``m**2`` that
+    overflows stays ``inf`` (saturated), not ``inf / inf``. NaN stays NaN."""
     dtype = jnp.result_type(x)
     wide = jnp.promote_types(jnp.promote_types(dtype, jnp.float32), jnp.result_type(m))
-    m = jnp.asarray(m, wide)
-    out = jnp.asarray(x, wide) / (m if power == 1 else jnp.square(m))
+    m, x_wide = jnp.asarray(m, wide), jnp.asarray(x, wide)
+    if power == 1:
+        out = x_wide / m
+    else:  # where m^2 leaves the dtype's range (|w| ~ 1e-19 or 1e19 in float32), by 1/m twice: no inf / inf
+        square = jnp.square(m)
+        in_range = jnp.isfinite(square) & (square > jnp.finfo(wide).tiny)
+        reciprocal = 1 / m
+        out = jnp.where(in_range, x_wide / jnp.where(in_range, square, 1), x_wide * reciprocal * reciprocal)
     if jnp.issubdtype(dtype, jnp.floating):
         big = jnp.finfo(dtype).max
         out = jnp.clip(out, -big, big)
