@@ -1055,3 +1055,23 @@ def test_mean_only_batch_norm_of_input_whose_sum_overflows():
     np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=0, atol=tolerance)
     mean, _ = F.batch_moments(jnp.asarray(x, jnp.float32), mean_only=True)
     np.testing.assert_allclose(np.asarray(mean, np.float64).ravel(), x64.mean(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"p": 1}, {"p": "inf"}, {"p": "inf", "topk": 3}, {"mean_only": True}], ids=str
+)
+@pytest.mark.parametrize("epsilon", [0.0, 1e-5])
+def test_gradient_of_a_group_whose_sums_overflow_is_that_of_its_mean(kwargs, epsilon):
+    """A group taken again on ``x * 2^-96`` has its mean ``mean(x * h) / h``: differentiated that way the
+    mean's cotangent was multiplied by ``2^96`` before ``2^-96``, -inf for a constant 1e38 channel at
+    ``epsilon = 0`` (reviewer, f7e5cd2 and c4ac855) and for mean-only with a cotangent sum of 1e10. The
+    gradient is now that of the same constant at an ordinary value."""
+    cotangent = jnp.arange(8, dtype=jnp.float32)[:, None] * (1e10 if kwargs.get("mean_only") else 1.0)
+
+    def grad_at(value):
+        x = jnp.full((8, 1), value, jnp.float32)
+        return jax.grad(lambda a: jnp.sum(F.batch_norm(a, epsilon=epsilon, **kwargs) * cotangent))(x)
+
+    huge, ordinary = grad_at(1e38), grad_at(0.5)
+    assert bool(jnp.all(jnp.isfinite(huge)))
+    np.testing.assert_allclose(np.asarray(huge), np.asarray(ordinary), rtol=1e-5)

@@ -82,7 +82,9 @@ def check_positive_int(value: object, name: str) -> int:
 
 
 def check_bool(value: object, name: str) -> bool:
-    """A Python or NumPy bool, returned as a bool."""
+    """A Python or NumPy bool (or a concrete 0-d boolean array, as flax accepts), returned as a bool."""
+    if isinstance(value, np.ndarray | jax.Array) and value.dtype == np.bool_ and value.ndim == 0:
+        value = bool(value)  # a traced one raises JAX's own error here, as in flax's `if`
     if not isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return bool(value)

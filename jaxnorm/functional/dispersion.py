@@ -42,6 +42,7 @@ from jaxnorm.functional.units import (
     subnormal_unit,
     true_variance,
     underflows,
+    with_derivative_of,
 )
 
 __all__ = [
@@ -66,8 +67,8 @@ def mean_statistics(r: Reduction, options: BatchOptions) -> tuple[jnp.ndarray, N
         h = huge_unit(dtype)
         scaled_x = r.x.astype(dtype) * h
         in_unit = _exact_mean_only(r._replace(x=scaled_x, deviations=scaled_x)) / h
-        # the overflowed mean has no derivative: its select's zero cotangent stays 0
-        return jnp.where(jnp.isfinite(mean), mean, in_unit)
+        # the value of the unit's mean, the derivative of the plain one (sum(dx) / n, whatever its value)
+        return jnp.where(jnp.isfinite(mean), mean, with_derivative_of(in_unit, mean))
 
     finite = jnp.isfinite(lax.stop_gradient(mean))
     return lax.cond(jnp.all(finite), lambda: mean, rescaled), None
@@ -224,9 +225,10 @@ def _selected(
 ) -> Statistics:
     """Per group, the ``plain`` statistics where ``kept``, else the ``scaled`` ones of ``x * unit`` with
     their mean and ``sigma_hat`` taken back to ``x``'s scale (``scaled.unit`` already the total unit;
-    a group of variance 0 in the unit stays in unit 1)."""
+    a group of variance 0 in the unit stays in unit 1). The mean keeps the derivative of the plain one,
+    ``sum(dx) / n`` (:func:`~jaxnorm.functional.units.with_derivative_of`)."""
     return Statistics(
-        jnp.where(kept, plain.mean, scaled.mean / unit),
+        jnp.where(kept, plain.mean, with_derivative_of(scaled.mean / unit, plain.mean)),
         jnp.where(kept, plain.var, scaled.var),
         jnp.where(kept, plain.unit, jnp.where(scaled.var > 0, scaled.unit, 1)),
         jnp.where(kept, plain.sigma, scaled.sigma / unit),

@@ -200,7 +200,7 @@ def _statistics_in_units(
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
 
-    def about_plain_mean(unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    def rescued_about_plain_mean(unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         # the tiny rescue, about the plain (exact) mean where it is finite in the unit: a constant
         # group's deviations are then exactly 0, where about a rounded centre they are not, and the
         # rescue would take their noise
@@ -210,7 +210,7 @@ def _statistics_in_units(
         return _shifted_pass(scaled, centre, mask, axes, safe_count)
 
     underflowing = _underflowing(plain[1], count) if tiny_groups else None
-    return statistics_in_units(plain, in_range(*plain), underflowing, in_unit, about_plain_mean)
+    return statistics_in_units(plain, in_range(*plain), underflowing, in_unit, rescued_about_plain_mean)
 
 
 def _shifted_pass(

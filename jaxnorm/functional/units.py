@@ -65,6 +65,7 @@ __all__ = [
     "underflow_unit",
     "underflows",
     "variance_in_unit",
+    "with_derivative_of",
 ]
 
 
@@ -269,6 +270,25 @@ def variance_in_unit(
             small = jnp.where(still_tiny, small * tiny_unit(dtype), small)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
     return jnp.square(dispersion * unit), unit, dispersion
+
+
+def with_derivative_of(value: jnp.ndarray, source: jnp.ndarray) -> jnp.ndarray:
+    """``value`` (taken back from a unit, e.g. ``mean(x * unit) / unit``) with the derivative of ``source``,
+    the same statistic computed in ``x``'s own scale, whatever ``source``'s value (inf where its sums
+    overflowed). Differentiated through the unit, the cotangent is multiplied by ``1 / unit`` before
+    ``unit`` (``2^96`` first: inf from a cotangent of ``4e9``; ``2^-106`` first: flushed to 0)."""
+    return lax.stop_gradient(value) + _zero_with_derivative(source)
+
+
+@jax.custom_jvp
+def _zero_with_derivative(source: jnp.ndarray) -> jnp.ndarray:
+    """0, with the derivative of ``source`` (no ``source - source``: inf - inf where it overflowed)."""
+    return jnp.zeros_like(source)
+
+
+@_zero_with_derivative.defjvp
+def _zero_with_derivative_jvp(primals, tangents):
+    return jnp.zeros_like(primals[0]), tangents[0]
 
 
 def true_variance(statistics: Statistics) -> jnp.ndarray | None:
