@@ -69,10 +69,11 @@ def complex_moments(
     ``x`` and the module's ``dtype`` (``var`` real); ``centred=False``: ``(0, E|x|^2)``."""
     x = x.astype(complex_statistics_dtype(x, dtype))
     mask = check_mask(mask, x)
+    count = None if mask is None else _counts(mask, axes, axis_name, axis_index_groups)
 
     def mean(*values: jnp.ndarray) -> tuple[jnp.ndarray, ...]:
         if mask is not None:
-            return _masked_means(values, mask, axes, axis_name, axis_index_groups)
+            return _masked_means(values, mask, count, axes, axis_name, axis_index_groups)
         means = tuple(jnp.mean(v, axes, keepdims=True) for v in values)
         if axis_name is None:
             return means
@@ -80,14 +81,14 @@ def complex_moments(
 
     if not centred:
         (var,) = mean(_abs_square(x))
-        return jnp.zeros_like(var), _empty_groups_at_one(var, mask, axes, axis_name, axis_index_groups)
+        return jnp.zeros_like(var), _empty_groups_at_one(var, count)
     if use_fast_variance:
         mu, mean_square = mean(x, _abs_square(x))
         var = jnp.maximum(0.0, mean_square - _abs_square(mu))
     else:
         (mu,) = mean(x)
         (var,) = mean(_abs_square(x - mu))
-    return mu, _empty_groups_at_one(var, mask, axes, axis_name, axis_index_groups)
+    return mu, _empty_groups_at_one(var, count)
 
 
 def _counts(mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_groups) -> jnp.ndarray:
@@ -99,23 +100,25 @@ def _counts(mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_grou
 
 
 def _masked_means(
-    values: tuple[jnp.ndarray, ...], mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_groups
+    values: tuple[jnp.ndarray, ...],
+    mask: jnp.ndarray,
+    count: jnp.ndarray,
+    axes: tuple[int, ...],
+    axis_name,
+    axis_index_groups,
 ) -> tuple[jnp.ndarray, ...]:
     """The means of ``values`` over the True elements of ``mask`` on every device together (each element
-    weighs once), 0 for a group without elements (a finite derivative: no ``0 / 0``)."""
+    weighs once; ``count``: :func:`_counts`), 0 for a group without elements (no ``0 / 0``)."""
     totals = tuple(jnp.sum(jnp.where(mask, v, 0), axes, keepdims=True) for v in values)
     if axis_name is not None:
         totals = lax.psum(totals, axis_name, axis_index_groups=axis_index_groups)
-    count = _counts(mask, axes, axis_name, axis_index_groups)
     return tuple(total / jnp.maximum(count, 1).astype(total.real.dtype) for total in totals)
 
 
-def _empty_groups_at_one(var: jnp.ndarray, mask, axes, axis_name, axis_index_groups) -> jnp.ndarray:
-    """``var`` with 1 where a group keeps no element of ``mask`` (its mean is 0): ``x / sqrt(1 + eps)``
-    there, as in the real path, neither amplified nor NaN."""
-    if mask is None:
-        return var
-    return jnp.where(_counts(mask, axes, axis_name, axis_index_groups) > 0, var, 1)
+def _empty_groups_at_one(var: jnp.ndarray, count: jnp.ndarray | None) -> jnp.ndarray:
+    """``var`` with 1 where a group keeps no element of the mask (``count`` 0; its mean is 0):
+    ``x / sqrt(1 + eps)`` there, as in the real path, neither amplified nor NaN (``None``: no mask)."""
+    return var if count is None else jnp.where(count > 0, var, 1)
 
 
 def complex_normalize(

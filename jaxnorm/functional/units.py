@@ -123,13 +123,15 @@ def select_in_unit(
     """Per group, ``(mean, spread, unit)``: the ``plain`` statistics ``(mean, spread)`` of ``x`` (``unit
     = 1``; or ``(mean, spread, unit)`` already chosen) where ``keep`` (e.g. :func:`in_range`), else the
     ``scaled`` ones of ``x * unit``, whose mean is taken back to ``x``'s scale (``spread``: M2 or the
-    variance, left in the unit)."""
+    variance, left in the unit). A scaled group of spread 0 (a constant group: large equal values whose
+    rounded sums left the range) stays in unit 1 with that spread and the unit's exact mean, where
+    ``epsilon`` does not underflow (``epsilon * huge^2`` is 0 in float32: ``0 * rsqrt(0)``, NaN)."""
     mean, spread, plain_unit = plain if len(plain) == 3 else (*plain, 1)
     scaled_mean, scaled_spread = scaled
     return (
         jnp.where(keep, mean, scaled_mean / unit),
         jnp.where(keep, spread, scaled_spread),
-        jnp.where(keep, plain_unit, unit).astype(spread.dtype),
+        jnp.where(keep, plain_unit, jnp.where(scaled_spread > 0, unit, 1)).astype(spread.dtype),
     )
 
 
@@ -153,12 +155,7 @@ def statistics_in_units(
     Selects, no conditional: every unit's statistics are computed (:func:`statistics_in_units_where_needed`
     takes them only where some group needs them)."""
     huge = huge_unit(plain[1].dtype)
-    scaled = in_unit(huge)
-    mean, spread, unit = select_in_unit(keep, plain, scaled, huge)
-    # a constant group (large equal values whose rounded sums left the range) has spread 0 in the unit:
-    # it stays in unit 1 with that spread and the unit's exact mean, where epsilon does not underflow
-    # (epsilon * huge^2 is 0 in float32: 0 * rsqrt(0), NaN)
-    statistics = mean, spread, jnp.where(keep | (scaled[1] > 0), unit, 1).astype(unit.dtype)
+    statistics = select_in_unit(keep, plain, in_unit(huge), huge)
     if underflowing is None:
         return statistics
     unit = rescue_unit(plain[1])
