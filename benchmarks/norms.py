@@ -103,8 +103,9 @@ ROWS = (
     Row("LayerNorm", lambda d: jnn.LayerNorm(dtype=d), lambda d: fnn.LayerNorm(dtype=d), False, 1.0, 1.0),
     Row("LayerNorm axes", lambda d: jnn.LayerNorm(reduction_axes=(1, 2, 3), dtype=d),
         lambda d: fnn.LayerNorm(reduction_axes=(1, 2, 3), dtype=d), False, 1.10, 1.10),
-    Row("InstanceNorm", lambda d: jnn.InstanceNorm(dtype=d), lambda d: fnn.InstanceNorm(dtype=d)),
-    Row("RMSNorm", lambda d: jnn.RMSNorm(dtype=d), lambda d: fnn.RMSNorm(dtype=d)),
+    Row("InstanceNorm", lambda d: jnn.InstanceNorm(dtype=d), lambda d: fnn.InstanceNorm(dtype=d), False,
+        1.10, 1.10),
+    Row("RMSNorm", lambda d: jnn.RMSNorm(dtype=d), lambda d: fnn.RMSNorm(dtype=d), False, 1.10, 1.10),
 )
 
 

@@ -63,19 +63,32 @@ settings.load_profile("ci")
 @pytest.fixture
 def accelerator_forms(monkeypatch):
     """``accelerator_forms(*modules)`` switches the ``per_platform`` choice of ``modules`` (default: every
-    module of ``jaxnorm.functional``) to its GPU / TPU form, on this CPU. JAX keeps the traces of jitted
+    module of ``jaxnorm.functional``) to its GPU / TPU form, and their ``distinct`` / ``separate_reads``
+    to the identity they are there, on this CPU. JAX keeps the traces of jitted
     and custom-JVP functions, so they are dropped at the switch and when the test ends: neither form's
     trace may serve the other."""
 
     def default(cpu, default_form, *args):
         return default_form(*args)
 
+    plain = {
+        "per_platform": default,
+        # the scheduling forms are the identity off CPU (numerically they are the identity everywhere)
+        "distinct": lambda stat, tag=0: stat,
+        "separate_reads": lambda x, num: (x,) * num,
+    }
+
     def switch(*modules):
         if not modules:
             modules = [m for name, m in list(sys.modules.items())
                        if name.startswith("jaxnorm.functional") and hasattr(m, "per_platform")]
+            modules += [m for name, m in list(sys.modules.items())
+                        if name.startswith("jaxnorm.functional") and hasattr(m, "distinct")
+                        and m not in modules]
         for module in modules:
-            monkeypatch.setattr(module, "per_platform", default)
+            for name, form in plain.items():
+                if hasattr(module, name) and not module.__name__.endswith(".platform"):
+                    monkeypatch.setattr(module, name, form)
         jax.clear_caches()
 
     yield switch

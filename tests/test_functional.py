@@ -527,6 +527,56 @@ def test_last_axis_norm_derivative(x64, norm, seed, loc, num_params):
     check_grads(lambda x: norm(x, *params), (x,), order=2, modes=["fwd", "rev"], eps=1e-6)
 
 
+PER_EXAMPLE_L2 = {
+    "instance": ((1, 2), None),
+    "layer_axes": ((1, 2, 3), None),
+    "group": ((1, 2), 2),
+}
+
+
+def _per_example_l2(x, scale, bias, axes, num_groups, mask=None):
+    from jaxnorm.functional.moments import ChannelGroups
+    from jaxnorm.functional.per_example import per_example_norm
+
+    groups = None if num_groups is None else ChannelGroups(x.ndim - 1, num_groups)
+    return per_example_norm(
+        x, axes, p=2, epsilon=1e-5, mask=mask, use_fast_variance=True, groups=groups, scale=scale, bias=bias
+    )
+
+
+@pytest.mark.parametrize("form", ["cpu", "accelerator"])
+@pytest.mark.parametrize("loc", [0.0, 300.0])
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE_L2))
+def test_per_example_l2_derivative(x64, accelerator_forms, name, loc, form):
+    """Instance, group and several-axes layer norm at p = 2 have a written-out JVP
+    (:func:`jaxnorm.functional.per_example_l2.l2_normalize`), in XLA:CPU's folded form and in the GPU/TPU
+    form: finite differences to second order, and the gradients of the general (autodiff) path, taken
+    through an all-true mask, to rounding, also for groups whose mean is 300 times their spread; one
+    argument at a time equals its part of the full gradient."""
+    if form == "accelerator":
+        accelerator_forms()
+    axes, num_groups = PER_EXAMPLE_L2[name]
+    x = jnp.asarray(normal((3, 4, 2, 4), seed=61, loc=loc))
+    params = tuple(jnp.asarray(normal((1, 1, 1, 4), seed=62 + i)) for i in range(2))
+    ct = jnp.asarray(normal(x.shape, seed=64))
+
+    def norm(x, scale, bias, mask=None):
+        return _per_example_l2(x, scale, bias, axes, num_groups, mask)
+
+    def loss(*a, **kw):
+        return jnp.sum(norm(*a, **kw) * ct)
+
+    fast = jax.grad(loss, argnums=(0, 1, 2))(x, *params)
+    general = jax.grad(lambda *a: loss(*a, mask=jnp.ones(x.shape, bool)), argnums=(0, 1, 2))(x, *params)
+    for a, b in zip(fast, general, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    for i in range(3):
+        alone = jax.grad(loss, argnums=i)(x, *params)
+        np.testing.assert_allclose(alone, fast[i], rtol=1e-12, atol=1e-14)
+    if loc == 0.0:
+        check_grads(norm, (x, *params), order=2, modes=["fwd", "rev"], eps=1e-6)
+
+
 def test_check_grads_topk_ghost_masked(x64):
     x = jnp.asarray(normal((8, 5), seed=17))
     mask = jnp.asarray(np.random.default_rng(18).random((8, 5)) < 0.7)

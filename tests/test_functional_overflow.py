@@ -516,6 +516,39 @@ def test_p_not_2_input_near_the_float32_maximum_cpu_form_output():
         _near_max_matches_scaled_input(name, "all", magnitude=2e37, gradient=False)
 
 
+PER_EXAMPLE_L2_NORMS = {
+    "instance_norm": lambda x: F.instance_norm(x, epsilon=EPSILON),
+    "group_norm": lambda x: F.group_norm(x, 2, epsilon=EPSILON),
+    "layer_norm_axes": lambda x: F.layer_norm(x, axis=(1, 2, 3), epsilon=EPSILON),
+}
+
+
+def _beyond_2_126_gradient_matches_scaled_input(name):
+    """A group of values +-3e38 (``sigma_hat`` beyond ``2^126``) under a cotangent of 1e10, whose input
+    gradient (about 1e-29) is a normal float32: against the same group scaled by ``2^-100``."""
+    fn = PER_EXAMPLE_L2_NORMS[name]
+    rng = np.random.default_rng(21)
+    x = np.sign(rng.normal(size=IMG)) * 3e38
+    ct = jnp.asarray(rng.normal(size=IMG) * 1e10, jnp.float32)
+
+    def gradient(x):
+        return np.asarray(jax.grad(lambda x: jnp.sum(fn(x) * ct))(jnp.asarray(x, jnp.float32)), np.float64)
+
+    g, g_ref = gradient(x), gradient(x * 2.0**-100) * 2.0**-100
+    assert np.all(np.isfinite(g)) and np.max(np.abs(g_ref)) > 1e-30
+    np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-4 * np.max(np.abs(g_ref)))
+
+
+@pytest.mark.parametrize("form", ["cpu", "accelerator"])
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE_L2_NORMS))
+def test_p2_per_example_gradient_beyond_2_126(accelerator_forms, name, form):
+    """Both forms of the written-out derivative keep the deviations in the unit: exact where
+    ``1 / sigma_hat`` is subnormal (a form that folds the unit into the inverse gives 0 there)."""
+    if form == "accelerator":
+        accelerator_forms()
+    _beyond_2_126_gradient_matches_scaled_input(name)
+
+
 def test_normalize_scaled_deviations_is_the_same_normalization():
     """``scaled_deviations=False`` scales the inverse alone: the same values as the scaled deviations
     wherever ``x - mean`` is finite (unit 1 or ``2^-96``), the argument validated by name."""

@@ -19,7 +19,7 @@ from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
 from jaxnorm.functional.platform import distinct, per_platform, separate_reads
 from jaxnorm.functional.units import add_epsilon, huge_unit
 
-__all__ = ["last_axis_norm", "rms_row_statistics", "row_statistics"]
+__all__ = ["instantiate_zeros", "last_axis_norm", "rms_row_statistics", "row_statistics"]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -152,7 +152,7 @@ def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
 
 def last_axis_norm_jvp(epsilon, centred, primals, tangents):
     x, scale, bias = primals
-    x_dot, scale_dot, bias_dot = (_instantiate(t) for t in tangents)
+    x_dot, scale_dot, bias_dot = (instantiate_zeros(t) for t in tangents)
     mean, inv, unit = row_statistics(x, epsilon, centred)
     x, x_dot = _widen(x, unit), _widen(x_dot, unit)
     y = _centre(x, mean) * (inv * scale) + bias
@@ -177,7 +177,7 @@ def last_axis_norm_jvp(epsilon, centred, primals, tangents):
 last_axis_norm.defjvp(last_axis_norm_jvp, symbolic_zeros=True)
 
 
-def _instantiate(tangent):
+def instantiate_zeros(tangent):
     """A symbolic-zero tangent (an input not differentiated) as an array of zeros."""
     return jnp.zeros(tangent.shape, tangent.dtype) if isinstance(tangent, SymbolicZero) else tangent
 

@@ -47,9 +47,10 @@ def normalize(
     Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
     (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
     memory and reduce it again for the mean's cotangent, which is ``-sum(cotangent) * rsqrt(var) * scale``,
-    a plain sum that the bias gradient needs anyway. Per-example statistics (group norm; layer norm off
-    the last axis) keep autodiff, which XLA compiles better there; layer norm over the last axis has
-    its own derivative (:func:`jaxnorm.functional.last_axis.last_axis_norm`).
+    a plain sum that the bias gradient needs anyway. Per-example statistics keep autodiff here (a mask,
+    devices, p != 2); at p = 2 without either, instance, group and layer norm have their own derivative
+    (:func:`jaxnorm.functional.per_example_l2.l2_normalize`, and
+    :func:`jaxnorm.functional.last_axis.last_axis_norm` over the last axis alone).
     """
     epsilon = check_epsilon(epsilon)
     if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):

@@ -35,6 +35,7 @@ from jaxnorm.functional.last_axis import last_axis_norm
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
+from jaxnorm.functional.per_example_l2 import L2Groups, l2_normalize
 from jaxnorm.functional.units import (
     Statistics,
     in_range,
@@ -72,9 +73,10 @@ def per_example_norm(
     mask = check_mask(mask, x)
     dtype = dtype or x.dtype
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
-    # the last-axis kernel keeps no underflowing row in a unit: epsilon = 0 takes the general path
-    plain = mask is None and groups is None and axis_name is None and not tiny_groups
-    if p == 2 and axes == (x.ndim - 1,) and plain:
+    # the kernels with their own derivative keep no underflowing group in a unit: epsilon = 0 takes the
+    # general path
+    plain = mask is None and axis_name is None and not tiny_groups
+    if p == 2 and axes == (x.ndim - 1,) and groups is None and plain:
         ones = jnp.ones((), stats_dtype(x))
         y = last_axis_norm(
             x,
@@ -84,6 +86,15 @@ def per_example_norm(
         )
         return y.astype(dtype)
     x = widened_float16(x)
+    if p == 2 and plain:
+        ones = jnp.ones((), stats_dtype(x))
+        y = l2_normalize(
+            x,
+            ones if scale is None else scale,
+            jnp.zeros((), ones.dtype) if bias is None else bias,
+            L2Groups(axes, groups, epsilon, use_fast_variance),
+        )
+        return y.astype(dtype)
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
     statistics = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
