@@ -418,3 +418,40 @@ def test_a_scalar_or_reduced_addend_refutes_its_units_without_crashing(addend):
     assert not np.allclose(balanced["w1"], params["w1"])
     x = jnp.asarray(rng.normal(size=(7, 6)), jnp.float32)
     np.testing.assert_allclose(f(balanced, x), f(params, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "zero"])
+def test_a_scalar_operand_of_a_traced_back_addend_refutes_its_units_without_crashing(x64, op):
+    """``relu(x @ w1) @ w2 + (x @ w3 + c)`` (or ``c * (x @ w3)``) with ``c`` a learnable scalar: tracing
+    the addend back handed the output's unit ids to the scalar whole (``cannot broadcast a non-scalar
+    to a scalar array``). Now ``c`` is reduced to its shape as the forward pass reduces a scalar
+    addend: several units refute (a product tries its other operand: ``w3``); one unit (a width-1
+    layer) would need the scalar leaf in the spec, which has no axis: refuted with that reason. The
+    ``+ 0.0`` of an absent bias (a scalar literal, on both branches) carries any units: reducing the
+    ids to it refuted the junction ``(w2, w3) -> w4`` from either side."""
+    rng = np.random.default_rng(0)
+    relu = jax.nn.relu
+    x = jnp.asarray(np.abs(rng.normal(size=(7, 6))))
+    branch = {
+        "add": lambda p, x: x @ p["w3"] + p["c"],
+        "mul": lambda p, x: p["c"] * (x @ p["w3"]),
+        "zero": lambda p, x: x @ p["w3"] + 0.0,
+    }[op]
+    for width in (4, 1):
+        shapes = [("w1", (6, 5)), ("w2", (5, width)), ("w3", (6, width)), ("c", ()), ("w4", (width, 2))]
+        # positive, so that no ReLU is dead everywhere at width 1 (the output would not depend on d)
+        params = {k: jnp.asarray(np.abs(rng.normal(size=s))) for k, s in shapes}
+        f = lambda p, x: relu(relu(x @ p["w1"]) @ p["w2"] + 0.0 + branch(p, x)) @ p["w4"]
+        spec = discover(f, params, x)
+        found = [({e[0] for e in j.producers}, {e[0] for e in j.consumers}) for j in spec]
+        reasons = {tuple(p): r for p, _, r in spec.left_out}
+        assert found[0] == ({("w1",)}, {("w2",)})
+        if op == "add":
+            assert len(spec) == 1
+            assert ("scalar parameter" if width == 1 else "would need several units") in reasons[("w2",)]
+        else:
+            assert found[1:] == [({("w2",), ("w3",)}, {("w4",)})]
+        _assert_spec_keeps_function(f, params, x, spec)
+        balanced = enorm_balance(params, spec, cycles=3)
+        assert rel_err(f(balanced, x), f(params, x)) < 1e-12
+        assert not np.allclose(balanced["w1"], params["w1"]) and balanced["c"] == params["c"]

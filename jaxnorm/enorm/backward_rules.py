@@ -73,12 +73,15 @@ class TraceBack:
         return tuple(np.shape(x.value)) if isinstance(x, Const) else self.g.shapes[x]
 
     def to_operand(self, x: Any, target: np.ndarray) -> np.ndarray:
-        """``target`` reduced to operand ``x``'s broadcast shape (constant along its size-1 dims)."""
+        """``target`` (the output's shape) reduced to operand ``x``'s shape: constant along its
+        size-1 dims and along the leading dims a lower-rank operand lacks (a scalar of ``c * x`` or
+        ``x + c`` broadcasts along all of them), as the forward pass reduces an unscaled addend."""
         s = self.in_shape(x)
-        axes = [i for i, n in enumerate(s) if n == 1 and target.shape[i] > 1]
+        padded = (1,) * (target.ndim - len(s)) + s
+        axes = [i for i, n in enumerate(padded) if n == 1 and target.shape[i] > 1]
         if not constant_along(target, axes):
             raise Refuted("a broadcast operand would need several units")
-        return squash(target, axes)
+        return squash(target, axes).reshape(s)
 
     def back(self, var: Any, target: np.ndarray) -> dict[int, np.ndarray]:
         """The leaves (and inputs) that must carry ``target`` for ``var`` to carry it."""
@@ -91,6 +94,8 @@ class TraceBack:
             raise Refuted("the graph is too deep to trace back")
         target = broadcast_ids(target, g.shapes[var])
         if var in g.param_in:
+            if not g.shapes[var]:  # discover never tries a scalar leaf either: no axis to scale along
+                raise Refuted("a scalar parameter would carry the units (a spec entry needs an axis)")
             return {g.param_in[var]: np.array(target)}
         if self.to_inputs and var in g.other_in:
             return {-1 - var: np.array(target)}
@@ -146,12 +151,16 @@ def broadcast_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.nd
 
 
 def merge_back(tb: TraceBack, e: Eqn, target: np.ndarray) -> dict[int, np.ndarray]:
-    """add / sub / max / min / select_n: every operand (but a zero of max / min) must carry the ids."""
+    """add / sub / max / min / select_n: every operand but a zero must carry the ids. A zero (the
+    ``+ 0.0`` of an absent bias: a scalar literal) carries any units and a constant none, whatever
+    their shapes: both are settled before the ids are reduced to the operand, as merge_rule does."""
     out: dict[int, np.ndarray] = {}
     operands = e.ins[1:] if e.prim is lax.select_n_p else e.ins
     for x in operands:
-        if e.prim in (lax.max_p, lax.min_p) and (is_zero_const(x) or is_var_in(x, tb.g.zero)):
+        if is_zero_const(x) or is_var_in(x, tb.g.zero):
             continue
+        if isinstance(x, Const):
+            raise Refuted(constant_addend_reason(x))
         merge_seeds(out, tb.back(x, tb.to_operand(x, target)))
     return out
 
