@@ -40,21 +40,27 @@ def last_axis_norm(
     ``docs/benchmarks.md``).
     """
     mean, inv, unit = row_statistics(x, epsilon, centred)
-    return _centre(_widen(x, unit), mean) * (inv * scale) + bias
+    return _deviations(_widen(x), mean, unit) * (inv * scale) + bias
 
 
 def _widen(x: jnp.ndarray, unit: jnp.ndarray | None = None) -> jnp.ndarray:
-    """``x`` in the statistics dtype, times the row's ``unit`` where there is one (RMS norm)."""
+    """``x`` in the statistics dtype, times the row's ``unit`` where there is one."""
     wide = x.astype(stats_dtype(x))
     return wide if unit is None else wide * unit
+
+
+def _deviations(wide: jnp.ndarray, mean: jnp.ndarray | None, unit: jnp.ndarray) -> jnp.ndarray:
+    """``x * unit - mean * unit`` (RMS norm: ``x * unit``), ``x`` already widened."""
+    return wide * unit if mean is None else wide * unit - mean * unit
 
 
 @compiled_when_concrete(static_argnames=("epsilon", "centred"))
 def row_statistics(
     x: jnp.ndarray, epsilon: float, centred: bool
 ) -> tuple[jnp.ndarray | None, jnp.ndarray, jnp.ndarray | None]:
-    """The row mean (None unless ``centred``), ``rsqrt`` of the row variance (or mean square) + eps, and
-    the row's unit (RMS norm; None when ``centred``): the normalized row is ``(x * unit - mean) * inv``.
+    """The row mean (None unless ``centred``), ``rsqrt`` of the row variance (or mean square) + eps, both
+    of ``x * unit``, and the row's unit (1 except in rows held in
+    :func:`~jaxnorm.functional.units.huge_unit`): the normalized row is ``(x * unit - mean * unit) * inv``.
     RMS norm takes :func:`rms_row_statistics`, except in XLA:CPU's one fused kernel
     (:func:`~jaxnorm.functional.platform.per_platform`).
 
@@ -64,9 +70,9 @@ def row_statistics(
     Otherwise (a large mean, or a constant non-zero row, whose ``var`` is rounding noise) a
     :func:`jax.lax.cond` takes the shifted-data pass about ``m`` (Chan et al. 1983): ``d = x - m``,
     ``mean = m + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation ``d``,
-    so its mean comes out exact and it normalizes to exactly 0. Rows whose variance overflows the dtype
-    (huge input) take a third pass on deviations scaled by their largest magnitude (:func:`_huge_rows`),
-    also behind a :func:`jax.lax.cond`. Each pass widens ``x`` itself (the
+    so its mean comes out exact and it normalizes to exactly 0. Rows whose variance or mean overflows the
+    dtype (huge input) take a third pass in the unit (:func:`_huge_rows`), also behind a
+    :func:`jax.lax.cond`. Each pass widens ``x`` itself (the
     :func:`jax.lax.cond` takes ``x`` as it is; the two sums read :func:`separate_reads` of it), so a
     half-precision ``x`` is not copied to memory as float32.
     """
@@ -76,21 +82,31 @@ def row_statistics(
     sum_source, square_source = separate_reads(x, 2)
     rough = jnp.mean(_widen(sum_source), -1, keepdims=True)
     raw_var = jnp.mean(jnp.square(_widen(square_source)), -1, keepdims=True) - jnp.square(rough)
+    ones = jnp.ones_like(rough)
 
-    def one_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        return rough, lax.rsqrt(add_epsilon(jnp.maximum(raw_var, 0), epsilon))
+    def one_pass() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+        return rough, lax.rsqrt(add_epsilon(jnp.maximum(raw_var, 0), epsilon)), ones
 
-    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray]:
-        d = _widen(x) - rough
-        correction = jnp.mean(d, -1, keepdims=True)
-        var = jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
-        in_range = jnp.isfinite(rough) & jnp.isfinite(var)
-        shifted = (rough + correction, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)))
-        return lax.cond(jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, rough, in_range, shifted))
+    def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+        mean, var = _shifted_moments(_widen(x), rough)
+        in_range = jnp.isfinite(mean) & jnp.isfinite(var)
+        shifted = (mean, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)), ones)
+        return lax.cond(
+            jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, in_range, shifted, epsilon)
+        )
 
     # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
     well_conditioned = jnp.all((jnp.square(rough) <= CONDITION_LIMIT * raw_var) & jnp.isfinite(raw_var))
-    return (*lax.cond(well_conditioned, one_pass, shifted_pass), None)
+    return lax.cond(well_conditioned, one_pass, shifted_pass)
+
+
+def _shifted_moments(wide: jnp.ndarray, centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The row mean and variance taken about ``centre`` (Chan et al. 1983): ``d = x - centre``,
+    ``mean = centre + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation, so its
+    mean comes out exact and its variance exactly 0."""
+    d = wide - centre
+    correction = jnp.mean(d, -1, keepdims=True)
+    return centre + correction, jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
 
 
 def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -128,22 +144,25 @@ def _row_mean_square(values: jnp.ndarray) -> jnp.ndarray:
 
 
 def _huge_rows(
-    x: jnp.ndarray, rough: jnp.ndarray, in_range: jnp.ndarray, shifted: tuple[jnp.ndarray, jnp.ndarray]
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Row statistics where ``var`` (or the mean) overflows the dtype (``sigma > 1.8e19`` in float32):
-    the deviations ``d = x - c`` are divided by their largest magnitude ``D`` before they are summed,
-    ``mean = c + D mean(d / D)``, ``inv = rsqrt(var(d / D)) / D`` (``epsilon / D^2`` is below rounding
-    there). ``D`` is a homogeneous statistic, not a power of two, so the scale-invariance tracer
-    (:mod:`jaxnorm.enorm`) sees through it. Rows ``in_range`` keep their ``shifted`` statistics."""
-    centre = jnp.where(jnp.isfinite(rough), rough, 0)  # sum x itself overflowed
-    d = _widen(x) - centre
-    unit = jnp.max(jnp.abs(d), -1, keepdims=True)
-    scaled = d / jnp.where(unit > 0, unit, 1)
-    scaled_mean = jnp.mean(scaled, -1, keepdims=True)
-    scaled_var = jnp.mean(jnp.square(scaled), -1, keepdims=True) - jnp.square(scaled_mean)
-    inv = lax.rsqrt(jnp.maximum(scaled_var, jnp.finfo(scaled_var.dtype).tiny)) / unit
-    mean, shifted_inv = shifted
-    return jnp.where(in_range, mean, centre + unit * scaled_mean), jnp.where(in_range, shifted_inv, inv)
+    x: jnp.ndarray, in_range: jnp.ndarray, shifted: tuple[jnp.ndarray, ...], epsilon: float
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """Row statistics where the mean or ``var`` overflows the dtype (``sigma > 1.8e19`` in float32, or a
+    sum of ``x`` beyond the largest float): taken again on ``x * unit``,
+    :func:`~jaxnorm.functional.units.huge_unit` (``2^-96`` in float32), about their rough mean
+    (:func:`_shifted_moments`). The row is then normalized as ``(x * unit - mean * unit) * rsqrt(var +
+    epsilon * unit^2)``, every factor a normal number up to the largest float (a factor ``1 / sigma_hat``
+    is subnormal beyond ``2^126``). A row whose variance is 0 in the unit (a constant row of huge values)
+    keeps unit 1, where ``epsilon`` does not underflow. Rows ``in_range`` keep their ``shifted``
+    statistics."""
+    wide = _widen(x)
+    unit_value = huge_unit(wide.dtype)
+    scaled = wide * unit_value
+    scaled_mean, var = _shifted_moments(scaled, jnp.mean(scaled, -1, keepdims=True))
+    var = jnp.maximum(var, 0)
+    unit = jnp.where(var > 0, unit_value, 1).astype(wide.dtype)
+    inv = lax.rsqrt(add_epsilon(var, epsilon, unit))
+    mean = scaled_mean / unit_value
+    return tuple(jnp.where(in_range, a, b) for a, b in zip(shifted, (mean, inv, unit), strict=True))
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
@@ -154,24 +173,30 @@ def last_axis_norm_jvp(epsilon, centred, primals, tangents):
     x, scale, bias = primals
     x_dot, scale_dot, bias_dot = (instantiate_zeros(t) for t in tangents)
     mean, inv, unit = row_statistics(x, epsilon, centred)
-    x, x_dot = _widen(x, unit), _widen(x_dot, unit)
-    y = _centre(x, mean) * (inv * scale) + bias
+    wide = _widen(x)
+    y = _deviations(wide, mean, unit) * (inv * scale) + bias
     # scale not differentiated (symbolic-zero tangent: the input-only gradient): the plain form, which
     # platform_forms.py measures faster there; otherwise distinct copies, faster for the full gradient
     opaque = not isinstance(tangents[1], SymbolicZero)
+    copies = distinct if opaque else _same
 
     def xhat(tag: int) -> jnp.ndarray:
         # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
-        # shared ``x - mean`` or broadcast ``inv`` to memory; this way only the gradient is written
-        if not opaque:
-            return _centre(x, mean) * inv
-        return _centre(x, None if mean is None else distinct(mean, tag)) * distinct(inv, tag)
+        # shared ``x * unit - mean * unit`` or broadcast ``inv`` or ``unit`` to memory; this way only the
+        # gradient is written
+        tag_mean = None if mean is None else copies(mean, tag)
+        return _deviations(wide, tag_mean, copies(unit, tag)) * copies(inv, tag)
 
+    x_dot = _widen(x_dot) * copies(unit, 4)
     x_dot_centred = _centre(x_dot, None if mean is None else jnp.mean(x_dot, -1, keepdims=True))
     xhat_dot = inv * (x_dot_centred - xhat(1) * jnp.mean(xhat(2) * x_dot, -1, keepdims=True))
     if opaque:
         return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
     return y, xhat_dot * scale + bias_dot
+
+
+def _same(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
+    return stat
 
 
 last_axis_norm.defjvp(last_axis_norm_jvp, symbolic_zeros=True)
