@@ -71,6 +71,8 @@ def per_example_norm(
     use_fast_variance = check_bool(use_fast_variance, "use_fast_variance")
     check_axis_name(axis_name)
     mask = check_mask(mask, x)
+    check_broadcasts(scale, x.shape, "scale")
+    check_broadcasts(bias, x.shape, "bias")
     dtype = dtype or x.dtype
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     # the kernels with their own derivative keep no underflowing group in a unit: epsilon = 0 takes the
