@@ -26,7 +26,7 @@ from jaxnorm.functional.checks import (
     check_mask,
 )
 from jaxnorm.functional.collectives import AxisIndexGroups, axis_size
-from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
+from jaxnorm.functional.dispersion import dispersion_statistics
 from jaxnorm.functional.moments import stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions, check_batch_options
@@ -294,7 +294,6 @@ def batch_norm(
         epsilon=epsilon,
         dtype=out_dtype,
         unit=statistics.unit,
-        scaled_deviations=deviations_in_unit(options),
     )
 
 

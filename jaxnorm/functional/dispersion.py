@@ -47,7 +47,6 @@ from jaxnorm.functional.units import (
 
 __all__ = [
     "DISPERSIONS",
-    "deviations_in_unit",
     "dispersion_kind",
     "dispersion_moments",
     "dispersion_statistics",
@@ -99,20 +98,6 @@ def dispersion_kind(options: BatchOptions) -> object:
     if options.mean_only:
         return "mean"
     return "topk" if options.topk is not None else options.p
-
-
-def deviations_in_unit(options: BatchOptions) -> bool:
-    """Whether statistics of these ``options`` kept in a unit need the deviations scaled on every
-    platform (``normalize(..., scaled_deviations=...)``): the L2 ones, whose unit is chosen where
-    ``sum (x - mean)^2`` overflows, from ``sigma_hat ~ 2^64``, long before the folded inverse
-    ``rsqrt(var) * unit = 1 / sigma_hat`` leaves the normal numbers; and every kind with
-    ``options.tiny_groups`` (``epsilon = 0``), whose tiny groups' deviations ``x - mean`` may be
-    subnormal (flushed to 0) where ``x * unit - mean * unit`` is not. Otherwise the L1, L∞ and top-k
-    ones let XLA:CPU fold the unit into the inverse (:func:`~jaxnorm.functional.normalize.normalize`): their
-    unit is chosen where ``sigma_hat^2`` leaves :func:`~jaxnorm.functional.units.in_range`, and only
-    groups within a factor 4 of the dtype's maximum come out wrong there (0), where the scaled
-    deviations cost XLA:CPU a product per element in both passes (``docs/benchmarks.md``)."""
-    return dispersion_kind(options) == 2 or options.tiny_groups
 
 
 @compiled_when_concrete(

@@ -149,18 +149,25 @@ def _huge_rows(
     """Row statistics where the mean or ``var`` overflows the dtype (``sigma > 1.8e19`` in float32, or a
     sum of ``x`` beyond the largest float): taken again on ``x * unit``,
     :func:`~jaxnorm.functional.units.huge_unit` (``2^-96`` in float32), about their rough mean
-    (:func:`_shifted_moments`). The row is then normalized as ``(x * unit - mean * unit) * rsqrt(var +
-    epsilon * unit^2)``, every factor a normal number up to the largest float (a factor ``1 / sigma_hat``
-    is subnormal beyond ``2^126``). A row whose variance is 0 in the unit (a constant row of huge values)
-    keeps unit 1, where ``epsilon`` does not underflow. Rows ``in_range`` keep their ``shifted``
-    statistics."""
+    (:func:`_shifted_moments`), then refined by a power of two to ``sigma_hat * unit`` in ``[16, 32)``. The
+    row is normalized as ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2)``, every factor a
+    normal number up to the largest float (a factor ``1 / sigma_hat`` is subnormal beyond ``2^126``) and
+    the inverse below 1 (no overflow of ``inv * scale`` or of the cotangent times ``inv``). A row whose
+    variance is 0 in the unit (a constant row of huge values) keeps unit 1, where ``epsilon`` does not
+    underflow. Rows ``in_range`` keep their ``shifted`` statistics."""
     wide = _widen(x)
     unit_value = huge_unit(wide.dtype)
     scaled = wide * unit_value
     scaled_mean, var = _shifted_moments(scaled, jnp.mean(scaled, -1, keepdims=True))
     var = jnp.maximum(var, 0)
-    unit = jnp.where(var > 0, unit_value, 1).astype(wide.dtype)
-    inv = lax.rsqrt(add_epsilon(var, epsilon, unit))
+    # the unit refined to a power of two that puts sigma_hat * unit in [16, 32): the inverse is then
+    # below 1, so that neither inv * scale nor the cotangent times inv overflows where the true values
+    # do not (with 2^-96 alone the inverse reaches 2^40)
+    _, exponent = jnp.frexp(jnp.sqrt(var))
+    refine = jnp.ldexp(jnp.ones_like(var), 5 - exponent)
+    spread = var > 0
+    unit = jnp.where(spread, unit_value * refine, 1).astype(wide.dtype)
+    inv = lax.rsqrt(add_epsilon(jnp.where(spread, var * jnp.square(refine), 0), epsilon, unit))
     mean = scaled_mean / unit_value
     return tuple(jnp.where(in_range, a, b) for a, b in zip(shifted, (mean, inv, unit), strict=True))
 

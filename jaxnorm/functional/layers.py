@@ -27,7 +27,6 @@ from jaxnorm.functional.checks import (
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
 from jaxnorm.functional.complex_norm import check_complex_p, complex_moments, complex_normalize
-from jaxnorm.functional.dispersion import deviations_in_unit
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
@@ -145,7 +144,6 @@ def batch_norm_layer(
         epsilon=epsilon,
         dtype=out_dtype,
         unit=unit,
-        scaled_deviations=deviations_in_unit(options),
     )
     if not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)

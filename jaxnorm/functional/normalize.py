@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional.checks import check_bool, check_broadcasts, check_epsilon
-from jaxnorm.functional.platform import per_platform
+from jaxnorm.functional.platform import distinct, per_platform
 from jaxnorm.functional.units import Statistics, inverse_std
 
 __all__ = ["normalize"]
@@ -39,10 +39,10 @@ def normalize(
     ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2) * scale + bias``. With
     ``scaled_deviations=False`` XLA:CPU folds the unit into the inverse instead,
     ``(x - mean) * (rsqrt(var + epsilon * unit^2) * unit) * scale + bias``: one product per group instead
-    of two per element in the forward and backward passes, the same numbers wherever ``x - mean`` is
-    finite and ``sigma_hat`` below ``2^126`` (float32; beyond, the folded inverse is subnormal and XLA:CPU
-    flushes it to 0). Other platforms keep the scaled deviations, whose products sit in a memory-bound
-    fused kernel (:func:`~jaxnorm.functional.platform.per_platform`).
+    of two per element, the same numbers wherever ``x - mean`` is finite and ``sigma_hat`` below
+    ``2^126`` (float32; beyond, the folded inverse is subnormal and XLA:CPU flushes it to 0); other
+    platforms keep the scaled deviations (:func:`~jaxnorm.functional.platform.per_platform`). No norm of
+    the library asks for it (until 2026-11-28 the p != 2 ones did, on CPU).
 
     Where the statistics are per feature, like ``scale`` (batch norm), the derivative is written out
     (:func:`_affine`): autodiff of this expression makes XLA write ``cotangent * rsqrt(var) * scale`` to
@@ -126,11 +126,13 @@ def _affine_jvp(primals, tangents):
     y = _affine(x, mean, inv, scale, bias, unit)
     # Grouped so that the transpose reduces plain cotangents: the mean's term is a small product
     # broadcast once (its cotangent is ``sum(ct)``), and inv and scale share one ``sum(ct * (x - mean))``.
-    # (A CPU-only distinct copy of the mean here bought < 10 %: benchmarks/platform_forms.py.)
+    # The unit (and the mean beside it) has its own XLA:CPU copy per full-size use: a shared one is a
+    # broadcast that XLA:CPU writes to memory (docs/benchmarks.md, "Scaled deviations at p != 2").
+    u1, u2 = distinct(unit, 1), distinct(unit, 2)
     y_dot = (
-        (x_dot * unit) * (inv * scale)
+        (x_dot * u1) * (inv * scale)
         - ((mean_dot * unit) * inv) * scale
-        + (x * unit - mean * unit) * (inv_dot * scale + inv * scale_dot)
+        + (x * u2 - distinct(mean, 2) * u2) * (inv_dot * scale + inv * scale_dot)
         + bias_dot
     )
     return y, y_dot.astype(y.dtype)

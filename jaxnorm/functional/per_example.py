@@ -30,7 +30,7 @@ from jaxnorm.functional.checks import (
     num_groups_of,
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
-from jaxnorm.functional.dispersion import deviations_in_unit, dispersion_statistics
+from jaxnorm.functional.dispersion import dispersion_statistics
 from jaxnorm.functional.last_axis import last_axis_norm
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
@@ -102,9 +102,7 @@ def per_example_norm(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
     affine = dict(scale=scale, bias=bias, epsilon=epsilon, dtype=dtype, unit=statistics.unit)
-    return normalize(
-        x, statistics.mean, statistics.var, **affine, scaled_deviations=deviations_in_unit(options)
-    )
+    return normalize(x, statistics.mean, statistics.var, **affine)
 
 
 def layer_norm(

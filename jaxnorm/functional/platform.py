@@ -46,8 +46,8 @@ def per_platform(cpu_form, default_form, *args):
     For the two places where XLA:CPU's fast form and the form GPU/TPU fuse differ in numerics, not only
     in scheduling: last-axis RMS norm (:func:`jaxnorm.functional.rms_norm`), whose default form keeps
     rows of mean square beyond the dtype's maximum in a unit and whose CPU form, XLA:CPU's one fused
-    kernel, gives zeros there, as flax's does; and the p != 2 normalization of groups kept in a unit
-    (:func:`jaxnorm.functional.normalize`), whose CPU form folds the unit into the inverse instead of
-    scaling the deviations, exact except within a factor ``n`` of the dtype's maximum (measurements in
+    kernel, gives zeros there, as flax's does; and :func:`jaxnorm.functional.normalize` with
+    ``scaled_deviations=False``, whose CPU form folds the unit into the inverse instead of scaling the
+    deviations, exact except within a factor ``n`` of the dtype's maximum (measurements in
     ``docs/benchmarks.md``)."""
     return lax.platform_dependent(*args, cpu=cpu_form, default=default_form)
