@@ -1128,6 +1128,26 @@ def test_last_axis_layer_norm_huge_row_with_a_huge_scale_or_cotangent():
     np.testing.assert_allclose(np.asarray(g, np.float64), g_ref, rtol=1e-5)
 
 
+def test_last_axis_layer_norm_second_derivative_of_a_huge_row():
+    """Reverse over forward mode (vjp of jvp) of last-axis layer norm on a row of 1e30: NaN everywhere
+    (a helper's fuzz, 2026-11-28; also at 65462a7) where the general path (an all-true mask) is finite:
+    the shifted pass's inf statistics of the huge row sat behind a select, and 0 * inf reached every
+    derivative through it. The huge branch now recomputes the in-range rows without the huge ones."""
+    magnitudes = jnp.asarray([[1e30], [1.0]], jnp.float32)
+    x = jnp.asarray([[1.0, -2.0, 0.5, 3.0], [1.0, 2.0, -1.0, 0.5]], jnp.float32) * magnitudes
+    t = jnp.asarray([[0.3, 1.0, -0.7, 0.2], [1.0, 0.0, 0.0, -1.0]], jnp.float32) * magnitudes
+    g = jnp.asarray([[1.0, 0.5, -1.0, 2.0], [0.5, -1.0, 1.0, 0.0]], jnp.float32)
+
+    def second(norm):
+        return jax.vjp(lambda a: jax.jvp(norm, (a,), (t,))[1], x)[1](g)[0]
+
+    fast = second(F.layer_norm)
+    general = second(lambda a: F.layer_norm(a, mask=jnp.ones(a.shape, bool)))
+    assert bool(jnp.all(jnp.isfinite(fast)))
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(general), rtol=1e-4, atol=1e-4 * float(
+        jnp.max(jnp.abs(general))))
+
+
 @pytest.mark.parametrize("form", ["cpu", "accelerator"])
 def test_last_axis_layer_norm_of_rows_within_a_factor_4_of_the_float32_maximum(accelerator_forms, form):
     """Rows of sigma_hat near 2^126 and beyond, a constant row of 3e38 and one spanning +-3e38: the same

@@ -90,10 +90,18 @@ def row_statistics(
     def shifted_pass() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
         mean, var = _shifted_moments(_widen(x), rough)
         in_range = jnp.isfinite(mean) & jnp.isfinite(var)
-        shifted = (mean, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)), ones)
-        return lax.cond(
-            jnp.all(in_range), lambda: shifted, lambda: _huge_rows(x, in_range, shifted, epsilon)
-        )
+
+        def shifted(mean: jnp.ndarray, var: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+            return mean, lax.rsqrt(add_epsilon(jnp.maximum(var, 0), epsilon)), ones
+
+        def with_huge_rows() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+            # the rows in range again, the huge ones zeroed: the inf / NaN statistics of the huge rows
+            # would make every derivative through the select NaN (0 * inf), second ones included
+            safe = jnp.where(in_range, _widen(x), 0)
+            in_range_statistics = shifted(*_shifted_moments(safe, jnp.where(in_range, rough, 0)))
+            return _huge_rows(x, in_range, in_range_statistics, epsilon)
+
+        return lax.cond(jnp.all(in_range), lambda: shifted(mean, var), with_huge_rows)
 
     # raw_var not finite: squares that overflow (huge rows) go to the careful passes too
     well_conditioned = jnp.all((jnp.square(rough) <= CONDITION_LIMIT * raw_var) & jnp.isfinite(raw_var))
