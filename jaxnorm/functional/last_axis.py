@@ -16,7 +16,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
-from jaxnorm.functional.platform import distinct, per_platform, separate_reads
+from jaxnorm.functional.platform import distinct, no_copy, per_platform, separate_reads
 from jaxnorm.functional.units import add_epsilon, huge_unit
 
 __all__ = ["instantiate_zeros", "last_axis_norm", "rms_row_statistics", "row_statistics"]
@@ -43,10 +43,9 @@ def last_axis_norm(
     return _deviations(_widen(x), mean, unit) * (inv * scale) + bias
 
 
-def _widen(x: jnp.ndarray, unit: jnp.ndarray | None = None) -> jnp.ndarray:
-    """``x`` in the statistics dtype, times the row's ``unit`` where there is one."""
-    wide = x.astype(stats_dtype(x))
-    return wide if unit is None else wide * unit
+def _widen(x: jnp.ndarray) -> jnp.ndarray:
+    """``x`` in the statistics dtype."""
+    return x.astype(stats_dtype(x))
 
 
 def _deviations(wide: jnp.ndarray, mean: jnp.ndarray | None, unit: jnp.ndarray) -> jnp.ndarray:
@@ -193,7 +192,7 @@ def last_axis_norm_jvp(epsilon, centred, primals, tangents):
     # scale not differentiated (symbolic-zero tangent: the input-only gradient): the plain form, which
     # platform_forms.py measures faster there; otherwise distinct copies, faster for the full gradient
     opaque = not isinstance(tangents[1], SymbolicZero)
-    copies = distinct if opaque else _same
+    copies = distinct if opaque else no_copy
 
     def xhat(tag: int) -> jnp.ndarray:
         # each full-size use recomputes xhat from its own copy of the row statistics: XLA would write a
@@ -208,10 +207,6 @@ def last_axis_norm_jvp(epsilon, centred, primals, tangents):
     if opaque:
         return y, xhat_dot * scale + xhat(3) * scale_dot + bias_dot
     return y, xhat_dot * scale + bias_dot
-
-
-def _same(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
-    return stat
 
 
 last_axis_norm.defjvp(last_axis_norm_jvp, symbolic_zeros=True)

@@ -77,26 +77,18 @@ def per_example_norm(
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     # the kernels with their own derivative keep no underflowing group in a unit: epsilon = 0 takes the
     # general path
-    plain = mask is None and axis_name is None and not tiny_groups
-    if p == 2 and axes == (x.ndim - 1,) and groups is None and plain:
+    if p == 2 and mask is None and axis_name is None and not tiny_groups:
         ones = jnp.ones((), stats_dtype(x))
-        y = last_axis_norm(
-            x,
-            ones if scale is None else scale,
-            jnp.zeros((), ones.dtype) if bias is None else bias,
-            epsilon,
-        )
+        scale = ones if scale is None else scale
+        bias = jnp.zeros((), ones.dtype) if bias is None else bias
+        if axes == (x.ndim - 1,) and groups is None:
+            y = last_axis_norm(x, scale, bias, epsilon)
+        else:
+            y = l2_normalize(
+                widened_float16(x), scale, bias, L2Groups(axes, groups, epsilon, use_fast_variance)
+            )
         return y.astype(dtype)
     x = widened_float16(x)
-    if p == 2 and plain:
-        ones = jnp.ones((), stats_dtype(x))
-        y = l2_normalize(
-            x,
-            ones if scale is None else scale,
-            jnp.zeros((), ones.dtype) if bias is None else bias,
-            L2Groups(axes, groups, epsilon, use_fast_variance),
-        )
-        return y.astype(dtype)
     options = BatchOptions(p=p, use_fast_variance=use_fast_variance, tiny_groups=tiny_groups)
     statistics = dispersion_statistics(
         x, axes, options, mask=mask, groups=groups, axis_name=axis_name, axis_index_groups=axis_index_groups

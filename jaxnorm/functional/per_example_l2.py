@@ -27,7 +27,7 @@ from jaxnorm.functional.dispersion import dispersion_statistics
 from jaxnorm.functional.last_axis import instantiate_zeros
 from jaxnorm.functional.moments import ChannelGroups, group_reduce
 from jaxnorm.functional.options import BatchOptions
-from jaxnorm.functional.platform import distinct
+from jaxnorm.functional.platform import distinct, no_copy
 from jaxnorm.functional.units import inverse_std
 
 __all__ = ["L2Groups", "l2_normalize"]
@@ -77,16 +77,12 @@ def _l2_normalize_jvp(g: L2Groups, primals, tangents):
     y = _scaled_deviations(wide, mean, unit) * (inv * scale) + bias
     # XLA:CPU's copies of the statistics pay on float32 input and cost on bfloat16 (docs/benchmarks.md,
     # "Per-example L2 derivative"): half-precision input takes the plain form on every platform
-    copies = distinct if x.dtype == wide.dtype else _same
+    copies = distinct if x.dtype == wide.dtype else no_copy
     y_dot = _tangent(g, copies, wide, mean, inv, unit, scale, x_dot.astype(wide.dtype), scale_dot)
     return y, y_dot + bias_dot
 
 
 l2_normalize.defjvp(_l2_normalize_jvp, symbolic_zeros=True)
-
-
-def _same(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
-    return stat
 
 
 def _tangent(g: L2Groups, copies, wide, mean, inv, unit, scale, x_dot, scale_dot) -> jnp.ndarray:

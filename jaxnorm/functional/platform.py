@@ -2,9 +2,10 @@
 
 XLA:CPU writes an elementwise expression of ``x`` to memory when two consumers share it (a reduction and
 the output pass, or two reductions), where recomputing it inside each would be cheaper; XLA:GPU and TPU
-fuse such producers into every consumer themselves. The two functions below give XLA:CPU separate HLO
-values (``optimization_barrier``) and are the identity on every other platform: the barrier is in the CPU
-branch of :func:`jax.lax.platform_dependent` only, so a lowering for ``cuda`` or ``tpu`` contains none.
+fuse such producers into every consumer themselves. :func:`distinct` and :func:`separate_reads` give
+XLA:CPU separate HLO values (``optimization_barrier``) and are the identity on every other platform: the
+barrier is in the CPU branch of :func:`jax.lax.platform_dependent` only, so a lowering for ``cuda`` or
+``tpu`` contains none.
 Their measured effect on CPU is in ``docs/benchmarks.md``.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["distinct", "per_platform", "separate_reads"]
+__all__ = ["distinct", "no_copy", "per_platform", "separate_reads"]
 
 
 def _on_cpu_only(barrier, values):
@@ -29,6 +30,13 @@ def distinct(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
     values give copies that are distinct from each other too.
     """
     return _on_cpu_only(lambda s: lax.optimization_barrier((s,) * (tag + 1))[tag], stat)
+
+
+def no_copy(stat: jnp.ndarray, tag: int = 0) -> jnp.ndarray:
+    """:func:`distinct`'s plain form on every platform: ``stat`` itself, for a kernel that takes its
+    copies as an argument and makes none where they do not pay (half-precision input, a pass that
+    measures faster without)."""
+    return stat
 
 
 def separate_reads(x: jnp.ndarray, num: int) -> tuple[jnp.ndarray, ...]:
