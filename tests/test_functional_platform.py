@@ -158,3 +158,30 @@ def test_accelerator_form_of_the_l2_statistics_matches_the_cpu_form(accelerator_
     scale = np.max(np.abs(cpu_dx)) + 1e-30
     atol = 1e-4 if case != "cancellation" else 2e-2
     np.testing.assert_allclose(dx / scale, cpu_dx / scale, rtol=0, atol=atol)
+
+
+REFINED_NORMS = {
+    "batch p=2": lambda x: F.batch_norm(x),
+    "batch p=1": lambda x: F.batch_norm(x, p=1),
+    "instance p=2": lambda x: F.instance_norm(x),
+    "group p=inf": lambda x: F.group_norm(x, 4, p="inf"),
+    "rms axes": lambda x: F.rms_norm(x, axis=(1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFINED_NORMS))
+def test_cpu_per_element_kernels_hold_no_unit_refinement(name):
+    """The huge unit's refinement (``units.refinement``: finiteness tests and selects per group) stays out
+    of XLA:CPU's per-element kernels, behind a conditional: written as a select after the statistics, XLA
+    fused it into the normalization's kernel, recomputed for every element (forward 2x slower). No fused
+    computation that writes a full-size array holds an ``is-finite``."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("XLA:CPU's fusion")
+    x = jnp.ones((8, 4, 4, 16), jnp.float32)
+    text = jax.jit(REFINED_NORMS[name]).lower(x).compile().as_text()
+    full = "f32[8,4,4,16]"
+    computations = re.split(r"\n(?=\S.*\{\n)", text)
+    heads = [(c, c.split("\n")[0]) for c in computations]
+    per_element = [c for c, head in heads if "fused" in head and "-> " + full in head]
+    assert per_element, name
+    assert not any("is-finite" in c for c in per_element), name

@@ -39,6 +39,7 @@ from jaxnorm.functional.units import (
     huge_unit,
     kept_after_rescue,
     max_unit,
+    refinement,
     subnormal_unit,
     true_variance,
     underflows,
@@ -160,7 +161,7 @@ def _overflowed_groups_in_unit(
         # variance 0 in any unit and is finite: it stays in unit 1 (epsilon * h^2 is 0: 0 * rsqrt(0))
         unit = huge_unit(plain.var.dtype)
         scaled = _statistics_of_scaled(statistics_of, r, options, unit, plain.var.dtype)
-        return _selected(finite, plain, scaled._replace(unit=scaled.unit * unit), unit)
+        return _selected(finite, plain, _in_total_unit(scaled, unit), unit)
 
     return lax.cond(jnp.all(finite), lambda: plain, rescaled)
 
@@ -186,8 +187,8 @@ def _huge_and_tiny_groups_in_unit(
         scaled = _statistics_of_scaled(statistics_of, r, options, unit, dtype)
         # a constant group, whose spread stays 0 in any unit, keeps its statistics
         kept = finite & kept_after_rescue(tiny, scaled.var)
-        var, scaled_unit = _capped(scaled, tiny, dtype)
-        return _selected(kept, plain, scaled._replace(var=var, unit=scaled_unit * unit), unit)
+        capped = scaled._replace(unit=_capped_unit(scaled, tiny, dtype))
+        return _selected(kept, plain, _in_total_unit(capped, unit), unit)
 
     return lax.cond(jnp.all(finite & ~tiny), lambda: plain, rescaled)
 
@@ -205,6 +206,16 @@ def _statistics_of_scaled(
     return statistics_of(r._replace(x=scaled_x, deviations=scaled_x), options)
 
 
+def _in_total_unit(scaled: Statistics, unit: float | jnp.ndarray) -> Statistics:
+    """The statistics ``scaled`` of ``x * unit`` in the total unit ``scaled.unit * unit``, refined where it
+    is below 1 to ``sigma_hat * unit`` in ``[16, 32)`` (:func:`~jaxnorm.functional.units.refinement`): the
+    variance is the square of ``scaled.sigma`` times the refined unit, so that its derivative forms no
+    cotangent in the unrefined variance."""
+    refine = refinement(lax.stop_gradient(scaled.sigma * scaled.unit), scaled.unit * unit)
+    in_unit = scaled.sigma * (scaled.unit * refine)
+    return scaled._replace(var=jnp.square(in_unit), unit=scaled.unit * refine * unit)
+
+
 def _selected(
     kept: jnp.ndarray, plain: Statistics, scaled: Statistics, unit: float | jnp.ndarray
 ) -> Statistics:
@@ -220,15 +231,13 @@ def _selected(
     )
 
 
-def _capped(scaled: Statistics, tiny: jnp.ndarray, dtype: jnp.dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(var, unit)`` of the statistics of ``x * subnormal_unit`` with the tiny groups' total unit at most
+def _capped_unit(scaled: Statistics, tiny: jnp.ndarray, dtype: jnp.dtype) -> jnp.ndarray:
+    """The unit of the statistics of ``x * subnormal_unit`` with the tiny groups' total unit at most
     :func:`~jaxnorm.functional.units.max_unit`: their ``sigma_hat`` lifted by powers of ``tiny_unit`` can
     pass it (a single deviation of ``2^-149`` among many elements), and is then squared in the largest
-    unit instead."""
+    unit instead (:func:`_in_total_unit` squares ``sigma_hat`` times the unit)."""
     room = max_unit(dtype) / subnormal_unit(dtype)
-    over = tiny & (scaled.unit > room)
-    capped_var = jnp.square(scaled.sigma * room)
-    return jnp.where(over, capped_var, scaled.var), jnp.where(over, room, scaled.unit)
+    return jnp.where(tiny & (scaled.unit > room), room, scaled.unit)
 
 
 def dispersion_moments(

@@ -31,6 +31,7 @@ from jaxnorm.functional.units import (
     Statistics,
     in_range,
     lift_tiny,
+    refine_variance,
     statistics_in_units_where_needed,
     underflows,
 )
@@ -41,7 +42,8 @@ __all__ = ["l2_statistics"]
 def l2_statistics(r: Reduction, options: BatchOptions) -> Statistics:
     """``(mean, M2 / n, unit)`` of ``r.x`` over ``r.axes``, keepdims; the variance itself, not the square
     of its root, and ``unit = 1`` except in groups whose variance leaves ``in_range`` (then the statistics of
-    ``x * unit``, :mod:`jaxnorm.functional.units`) and, with ``options.tiny_groups``, in groups whose
+    ``x * unit``, :mod:`jaxnorm.functional.units`, the unit refined to ``sigma_hat * unit`` in ``[16, 32)``:
+    :func:`~jaxnorm.functional.units.refine_variance`) and, with ``options.tiny_groups``, in groups whose
     variance is tiny (then the same variance in :func:`~jaxnorm.functional.units.tiny_unit`,
     :func:`~jaxnorm.functional.units.lift_tiny`). A constant group has an exact mean and ``M2 = 0``
     (the shifted-data pass of :func:`~jaxnorm.functional.moments.local_moments`).
@@ -87,6 +89,7 @@ def _l2_with_unit(
         count, mean, var, unit = _merged_l2(x, mask, layout, options)
     if options.tiny_groups:
         var, unit = lift_tiny(var, unit)
+    var, unit = refine_variance(var, unit)
     return count, mean, var, unit, jnp.sqrt(var) / unit
 
 

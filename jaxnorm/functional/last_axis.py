@@ -17,7 +17,7 @@ from jax.custom_derivatives import SymbolicZero
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
 from jaxnorm.functional.platform import distinct, no_copy, per_platform, separate_reads
-from jaxnorm.functional.units import add_epsilon, huge_unit
+from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance
 
 __all__ = ["instantiate_zeros", "last_axis_norm", "rms_row_statistics", "row_statistics"]
 
@@ -120,21 +120,23 @@ def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp
     """``(inv, unit)`` of RMS norm over the last axis, ``y = (x * unit) * inv``:
     ``inv = rsqrt(mean((x * unit)^2) + eps unit^2)``, ``unit = 1`` where the row's mean square is
     finite (its sum of squares too), else :func:`~jaxnorm.functional.units.huge_unit` (``rms > 1.8e19 /
-    sqrt(n)`` in float32). Both mean
-    squares are taken, sibling reductions of one read of the row, and selected per row without a
-    conditional (``epsilon unit^2`` is below rounding where the unit is not 1:
-    :mod:`~jaxnorm.functional.units`)."""
+    sqrt(n)`` in float32), refined to ``rms * unit`` in ``[16, 32)`` where some row needs it
+    (:func:`~jaxnorm.functional.units.refine_variance`). Both mean squares are taken, sibling reductions
+    of one read of the row, and selected per row (``epsilon unit^2`` is below rounding where the unit is
+    not 1: :mod:`~jaxnorm.functional.units`)."""
     wide = _widen(x)
     unit_value = huge_unit(wide.dtype)
     mean_square, scaled_mean_square = _row_mean_square(wide), _row_mean_square(wide * unit_value)
     plain = jnp.isfinite(mean_square)
+    unit = jnp.where(plain, 1, unit_value).astype(wide.dtype)
+    scaled_mean_square, unit = refine_variance(jnp.where(plain, 1, scaled_mean_square), unit)
     # the unselected side of each select is kept finite, so that its zero cotangent stays zero
     inv = jnp.where(
         plain,
         lax.rsqrt(add_epsilon(jnp.where(plain, mean_square, 1), epsilon)),
-        lax.rsqrt(jnp.where(plain, 1, scaled_mean_square)),
+        lax.rsqrt(scaled_mean_square),
     )
-    return inv, lax.stop_gradient(jnp.where(plain, 1, unit_value).astype(wide.dtype))
+    return inv, lax.stop_gradient(unit)
 
 
 def _fused_rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -166,15 +168,9 @@ def _huge_rows(
     unit_value = huge_unit(wide.dtype)
     scaled = wide * unit_value
     scaled_mean, var = _shifted_moments(scaled, jnp.mean(scaled, -1, keepdims=True))
-    var = jnp.maximum(var, 0)
-    # the unit refined to a power of two that puts sigma_hat * unit in [16, 32): the inverse is then
-    # below 1, so that neither inv * scale nor the cotangent times inv overflows where the true values
-    # do not (with 2^-96 alone the inverse reaches 2^40)
-    _, exponent = jnp.frexp(jnp.sqrt(var))
-    refine = jnp.ldexp(jnp.ones_like(var), 5 - exponent)
-    spread = var > 0
-    unit = jnp.where(spread, unit_value * refine, 1).astype(wide.dtype)
-    inv = lax.rsqrt(add_epsilon(jnp.where(spread, var * jnp.square(refine), 0), epsilon, unit))
+    var, unit = refine_variance(jnp.maximum(var, 0), jnp.full_like(var, unit_value))
+    unit = jnp.where(var > 0, unit, 1)
+    inv = lax.rsqrt(add_epsilon(var, epsilon, unit))
     mean = scaled_mean / unit_value
     return tuple(jnp.where(in_range, a, b) for a, b in zip(shifted, (mean, inv, unit), strict=True))
 

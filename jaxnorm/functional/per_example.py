@@ -42,6 +42,7 @@ from jaxnorm.functional.units import (
     inverse_std,
     lift_tiny,
     needs_tiny_unit,
+    refine_variance,
     statistics_in_units_where_needed,
     underflows,
 )
@@ -259,7 +260,8 @@ def _mean_square_in_unit(
     """``(mean((x * unit)^2), unit)`` per row (a row without elements: mean square 1, no amplification,
     as in batch norm): ``unit = 1`` except where the mean square of ``x`` leaves the dtype's range
     (:func:`~jaxnorm.functional.units.in_range`), taken again on ``x * unit`` behind a
-    :func:`jax.lax.cond`, and, with ``r.tiny_groups``, in :func:`~jaxnorm.functional.units.tiny_unit`
+    :func:`jax.lax.cond` (refined, :func:`~jaxnorm.functional.units.refine_variance`), and, with
+    ``r.tiny_groups``, in :func:`~jaxnorm.functional.units.tiny_unit`
     where it is tiny (:func:`~jaxnorm.functional.units.lift_tiny`). Derivative (custom JVP, no
     conditional in the backward pass): ``d mean((x u)^2) = 2 mean(x u * dx u)``."""
     mean_square = _masked_mean(jnp.square(x), mask, r, 1)
@@ -274,6 +276,7 @@ def _mean_square_in_unit(
     _, mean_square, unit = statistics_in_units_where_needed(
         plain, in_range(mean_square, mean_square), underflowing, in_unit
     )
+    mean_square, unit = refine_variance(mean_square, unit)
     return lift_tiny(mean_square, unit) if r.tiny_groups else (mean_square, unit)
 
 

@@ -57,5 +57,8 @@ def per_platform(cpu_form, default_form, *args):
     kernel, gives zeros there, as flax's does; and :func:`jaxnorm.functional.normalize` with
     ``scaled_deviations=False``, whose CPU form folds the unit into the inverse instead of scaling the
     deviations, exact except within a factor ``n`` of the dtype's maximum (measurements in
-    ``docs/benchmarks.md``)."""
+    ``docs/benchmarks.md``). Elsewhere the two forms give the same values and differ in whether a
+    conditional skips work that ordinary input does not need (:func:`jaxnorm.functional.moments.mean_m2_unit`,
+    :func:`jaxnorm.functional.units.refinement_where_needed`): XLA:CPU runs one branch, GPU and TPU lower
+    the branch-free form."""
     return lax.platform_dependent(*args, cpu=cpu_form, default=default_form)

@@ -8,8 +8,10 @@ as written by autodiff, ``-0.5 rsqrt(v) / v``, underflows from ``sigma_hat ~ 2^4
 statistics of a group leave ``x``'s own scale from ``var > 2^(emax - emax / 8)`` (:func:`in_range`;
 ``sigma_hat > 2^56 = 7e16`` in float32) and :func:`inverse_std` writes its derivative as
 ``-0.5 rsqrt(v) (dv / v)``. Where that happens the statistics are taken of ``x * unit`` instead,
-with ``unit`` the power of two :func:`huge_unit` (``2^-96`` in float32), so that ``var`` is the
-variance of ``x * unit`` and
+with ``unit`` the power of two :func:`huge_unit` (``2^-96`` in float32), then refined per group by a
+power of two to ``sigma_hat * unit`` in ``[16, 32)`` (:func:`refinement`: the inverse below 1, so that
+neither ``inv * scale`` nor a cotangent times ``inv`` overflows), so that ``var`` is the variance of
+``x * unit`` and
 
     y = (x * unit - mean * unit) * rsqrt(var + epsilon * unit^2)
 
@@ -43,6 +45,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxnorm.functional.platform import per_platform
+
 __all__ = [
     "Statistics",
     "add_epsilon",
@@ -54,6 +58,9 @@ __all__ = [
     "lift_tiny",
     "max_unit",
     "needs_tiny_unit",
+    "refine_variance",
+    "refinement",
+    "refinement_where_needed",
     "reported_sigma",
     "rescue_unit",
     "select_in_unit",
@@ -75,7 +82,8 @@ class Statistics(NamedTuple):
     Attributes:
       mean: the mean ``mu`` of ``x``.
       var: ``sigma_hat**2`` of ``x * unit`` (``None``: mean-only normalization).
-      unit: 1, :func:`huge_unit` where the statistics of ``x`` itself leave :func:`in_range`, or, at
+      unit: 1, :func:`huge_unit` times its :func:`refinement` where the statistics of ``x`` itself
+        leave :func:`in_range`, or, at
         ``epsilon = 0``, a power of two above 1 for tiny groups, at most :func:`max_unit`
         (:func:`lift_tiny`, :func:`rescue_unit`; ``None``: 1 everywhere).
       sigma: ``sigma_hat`` of ``x`` itself, whose derivative is taken in ``x``'s scale (``None``: not
@@ -109,7 +117,8 @@ def in_range(mean: jnp.ndarray, spread: jnp.ndarray) -> jnp.ndarray:
     ``isfinite(spread * 2^(emax / 8))``: a finiteness test, which the scale-invariance tracer of
     :mod:`jaxnorm.enorm` sees through where it could not see through a threshold.
     ``sigma_hat <= 2^56`` there keeps the derivatives of the normalization normal numbers
-    (module docstring); beyond, the unit puts ``sigma_hat * unit`` between ``2^-40`` and ``2^32``."""
+    (module docstring); beyond, :func:`huge_unit` puts ``sigma_hat * unit`` between ``2^-40`` and
+    ``2^32``, and :func:`refinement` in ``[16, 32)``."""
     headroom = 2.0 ** (jnp.finfo(spread.dtype).maxexp // 8)
     return jnp.isfinite(mean) & jnp.isfinite(spread * headroom)
 
@@ -133,6 +142,56 @@ def select_in_unit(
         jnp.where(keep, spread, scaled_spread),
         jnp.where(keep, plain_unit, jnp.where(scaled_spread > 0, unit, 1)).astype(spread.dtype),
     )
+
+
+def refinement(sigma_in_unit: jnp.ndarray, unit: jnp.ndarray) -> jnp.ndarray:
+    """Per group, a power of two ``r`` that puts ``sigma_in_unit * r`` in ``[16, 32)`` where ``unit`` is
+    below 1 (a huge group) and ``sigma_in_unit`` (``sigma_hat * unit``) positive and finite, else 1; no
+    derivative. :func:`huge_unit` alone leaves ``sigma_hat * unit`` anywhere from ``2^-40`` to ``2^32``,
+    so the inverse ``1 / (sigma_hat * unit)`` up to ``2^40``, and ``inv * scale`` or a cotangent times
+    ``inv`` overflowed from about ``1e29`` where the true values are finite; in the unit ``unit * r`` the
+    inverse is at most ``1 / 16``.
+
+    Found bit by bit with finiteness tests, ``r`` from ``2^(-emax / 2)`` up, a bit kept where
+    ``sigma_in_unit * r * 2^(emax - 5)`` stays finite (``sigma_in_unit * r < 32``): exact powers of two,
+    and the scale-invariance tracer of :mod:`jaxnorm.enorm` reads each test as it reads :func:`in_range`
+    (no dependence on ``x``'s scale in exact arithmetic), where an exponent taken from the bits
+    (``frexp``) made every norm look not scale-invariant to it."""
+    dtype = sigma_in_unit.dtype
+    emax = jnp.finfo(dtype).maxexp
+    top = 2.0 ** (emax - 5)
+    value = lax.stop_gradient(sigma_in_unit)
+    refine = jnp.full_like(value, 2.0 ** -(emax // 2))
+    step = emax // 2
+    while step >= 1:
+        candidate = refine * 2.0**step
+        refine = jnp.where(jnp.isfinite((value * candidate) * top), candidate, refine)
+        step //= 2
+    huge = (unit < 1) & (value > 0) & jnp.isfinite(value)
+    return lax.stop_gradient(jnp.where(huge, refine, 1).astype(dtype))
+
+
+def refinement_where_needed(sigma_in_unit: jnp.ndarray, unit: jnp.ndarray) -> jnp.ndarray:
+    """:func:`refinement`, on XLA:CPU behind a :func:`jax.lax.cond` on some group's ``unit`` being below 1
+    (ordinary input takes ones): XLA:CPU otherwise fuses the refinement's tests into the normalization's
+    per-element kernel, repeated for every element (twice the forward time), where a conditional's
+    result is a per-group buffer. GPU and TPU compute it without a conditional, as the rest of their
+    statistics (:func:`~jaxnorm.functional.platform.per_platform`); the values are the same."""
+
+    def branching(sigma_in_unit, unit):
+        ones = jnp.ones_like(sigma_in_unit)
+        return lax.cond(jnp.any(unit < 1), lambda: refinement(sigma_in_unit, unit), lambda: ones)
+
+    return per_platform(branching, refinement, sigma_in_unit, unit)
+
+
+def refine_variance(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(var r^2, unit r)``, ``r`` the :func:`refinement` of ``sqrt(var)`` (:func:`refinement_where_needed`):
+    the variance of ``x * unit * r`` (exact, a power of two), for statistics whose derivative is written
+    with their own unit (a custom JVP, as :func:`lift_tiny`), so that no cotangent is formed in the
+    unrefined variance (``r^2`` up to ``2^90`` times the refined one's)."""
+    refine = refinement_where_needed(lax.stop_gradient(jnp.sqrt(var)), unit)
+    return var * (refine * refine), unit * refine
 
 
 InUnit = Callable[[float | jnp.ndarray], tuple[jnp.ndarray, jnp.ndarray]]
@@ -246,7 +305,8 @@ def variance_in_unit(
     dispersion: jnp.ndarray, tiny_groups: bool = False
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """``((sigma_hat * unit)^2, unit, sigma_hat)`` from a finite dispersion ``sigma_hat`` (the L1, L∞ and
-    top-k ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond, and,
+    top-k ones): ``unit = 1`` where ``sigma_hat^2`` is :func:`in_range`, :func:`huge_unit` beyond (refined
+    to ``sigma_hat * unit`` in ``[16, 32)``, :func:`refinement`), and,
     with ``tiny_groups`` (:func:`needs_tiny_unit`), the power of :func:`tiny_unit` (up to
     :data:`_TINY_LIFTS`) that takes a ``sigma_hat^2`` that :func:`is_tiny` or underflows out of it. Per
     group, no pass over ``x``: the mean and ``sigma_hat`` are homogeneous of degree 1 in ``x``, so
@@ -266,6 +326,7 @@ def variance_in_unit(
             still_tiny = (lifted > 0) & _below_tiny_bound(jnp.square(lifted))
             small = jnp.where(still_tiny, small * tiny_unit(dtype), small)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
+    unit = unit * refinement_where_needed(lax.stop_gradient(dispersion) * unit, unit)
     return jnp.square(dispersion * unit), unit, dispersion
 
 
