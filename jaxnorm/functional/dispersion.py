@@ -211,7 +211,7 @@ def _in_total_unit(scaled: Statistics, unit: float | jnp.ndarray) -> Statistics:
     is below 1 to ``sigma_hat * unit`` in ``[16, 32)`` (:func:`~jaxnorm.functional.units.refinement`): the
     variance is the square of ``scaled.sigma`` times the refined unit, so that its derivative forms no
     cotangent in the unrefined variance."""
-    refine = refinement(lax.stop_gradient(scaled.sigma * scaled.unit), scaled.unit * unit)
+    refine = refinement(scaled.sigma * scaled.unit, scaled.unit * unit)
     in_unit = scaled.sigma * (scaled.unit * refine)
     return scaled._replace(var=jnp.square(in_unit), unit=scaled.unit * refine * unit)
 

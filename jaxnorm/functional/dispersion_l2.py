@@ -34,6 +34,7 @@ from jaxnorm.functional.units import (
     refine_variance,
     statistics_in_units_where_needed,
     underflows,
+    unit_deviations,
 )
 
 __all__ = ["l2_statistics"]
@@ -127,7 +128,7 @@ def _l2_with_unit_jvp(layout, options, primals, tangents):
     count, mean, var, unit, _ = primals_out
     dtype = stats_dtype(x)
     x_dot = tangents[0].astype(dtype)
-    deviation = x.astype(dtype) * unit - mean * unit
+    deviation = unit_deviations(x.astype(dtype), mean, unit)
     if mask is not None:
         x_dot, deviation = jnp.where(mask, x_dot, 0), jnp.where(mask, deviation, 0)
     # sigma_hat's: the deviations over sqrt(var) first, numbers of order 1, so that neither the tangent

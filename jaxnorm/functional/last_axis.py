@@ -17,7 +17,7 @@ from jax.custom_derivatives import SymbolicZero
 from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
 from jaxnorm.functional.platform import distinct, no_copy, per_platform, separate_reads
-from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance
+from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance, unit_deviations
 
 __all__ = ["instantiate_zeros", "last_axis_norm", "rms_row_statistics", "row_statistics"]
 
@@ -50,7 +50,7 @@ def _widen(x: jnp.ndarray) -> jnp.ndarray:
 
 def _deviations(wide: jnp.ndarray, mean: jnp.ndarray | None, unit: jnp.ndarray) -> jnp.ndarray:
     """``x * unit - mean * unit`` (RMS norm: ``x * unit``), ``x`` already widened."""
-    return wide * unit if mean is None else wide * unit - mean * unit
+    return wide * unit if mean is None else unit_deviations(wide, mean, unit)
 
 
 @compiled_when_concrete(static_argnames=("epsilon", "centred"))

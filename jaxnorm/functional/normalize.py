@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jaxnorm.functional.checks import check_bool, check_broadcasts, check_epsilon
 from jaxnorm.functional.platform import distinct, per_platform
-from jaxnorm.functional.units import Statistics, inverse_std
+from jaxnorm.functional.units import Statistics, inverse_std, unit_deviations
 
 __all__ = ["normalize"]
 
@@ -85,7 +85,7 @@ def _scaled(
     stats_shape = jnp.broadcast_shapes(jnp.shape(mean), () if inv is None else jnp.shape(inv))
     affine_shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (scale, bias) if a is not None))
     if jnp.broadcast_shapes(stats_shape, affine_shape) != stats_shape:  # per-example statistics
-        y = x - mean if unit is None else x * unit - mean * unit
+        y = x - mean if unit is None else unit_deviations(x, mean, unit)
         if inv is not None:
             y = y * (inv if scale is None else inv * scale)
         elif scale is not None:
@@ -116,7 +116,7 @@ def _affine(
 ) -> jnp.ndarray:
     """``(x * unit - mean * unit) * (inv * scale) + bias``, all broadcasting against ``x`` (``unit`` is a
     constant 1 unless the statistics of huge input are kept in a unit)."""
-    return (x * unit - mean * unit) * (inv * scale) + bias
+    return unit_deviations(x, mean, unit) * (inv * scale) + bias
 
 
 @_affine.defjvp
@@ -132,7 +132,7 @@ def _affine_jvp(primals, tangents):
     y_dot = (
         (x_dot * u1) * (inv * scale)
         - ((mean_dot * unit) * inv) * scale
-        + (x * u2 - distinct(mean, 2) * u2) * (inv_dot * scale + inv * scale_dot)
+        + unit_deviations(x, distinct(mean, 2), u2) * (inv_dot * scale + inv * scale_dot)
         + bias_dot
     )
     return y, y_dot.astype(y.dtype)

@@ -28,7 +28,7 @@ from jaxnorm.functional.last_axis import instantiate_zeros
 from jaxnorm.functional.moments import ChannelGroups, group_reduce
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, no_copy
-from jaxnorm.functional.units import inverse_std
+from jaxnorm.functional.units import inverse_std, unit_deviations
 
 __all__ = ["L2Groups", "l2_normalize"]
 
@@ -62,11 +62,7 @@ def l2_normalize(x: jnp.ndarray, scale: jnp.ndarray, bias: jnp.ndarray, g: L2Gro
     the groups' unit, ``(x * unit - mu * unit) * rsqrt(var + epsilon * unit^2)`` (``var`` that of
     ``x * unit``). Custom JVP: the formula of the module docstring (:func:`_l2_normalize_jvp`)."""
     mean, inv, unit = _statistics(x, g)
-    return _scaled_deviations(x.astype(mean.dtype), mean, unit) * (inv * scale) + bias
-
-
-def _scaled_deviations(wide: jnp.ndarray, mean: jnp.ndarray, unit: jnp.ndarray) -> jnp.ndarray:
-    return wide * unit - mean * unit
+    return unit_deviations(x.astype(mean.dtype), mean, unit) * (inv * scale) + bias
 
 
 def _l2_normalize_jvp(g: L2Groups, primals, tangents):
@@ -74,7 +70,7 @@ def _l2_normalize_jvp(g: L2Groups, primals, tangents):
     x_dot, scale_dot, bias_dot = (instantiate_zeros(t) for t in tangents)
     mean, inv, unit = _statistics(x, g)
     wide = x.astype(mean.dtype)
-    y = _scaled_deviations(wide, mean, unit) * (inv * scale) + bias
+    y = unit_deviations(wide, mean, unit) * (inv * scale) + bias
     # XLA:CPU's copies of the statistics pay on float32 input and cost on bfloat16 (docs/benchmarks.md,
     # "Per-example L2 derivative"): half-precision input takes the plain form on every platform
     copies = distinct if x.dtype == wide.dtype else no_copy
@@ -98,7 +94,7 @@ def _tangent(g: L2Groups, copies, wide, mean, inv, unit, scale, x_dot, scale_dot
 
     def xhat(tag: int) -> jnp.ndarray:
         tag_unit = copies(unit, tag)
-        return (wide * tag_unit - copies(mean, tag) * tag_unit) * copies(inv, tag)
+        return unit_deviations(wide, copies(mean, tag), tag_unit) * copies(inv, tag)
 
     x_dot = x_dot * copies(unit, 4)
     factor = inv * scale

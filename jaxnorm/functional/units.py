@@ -71,6 +71,7 @@ __all__ = [
     "true_variance",
     "underflow_unit",
     "underflows",
+    "unit_deviations",
     "variance_in_unit",
     "with_derivative_of",
 ]
@@ -144,6 +145,13 @@ def select_in_unit(
     )
 
 
+def unit_deviations(x: jnp.ndarray, mean: jnp.ndarray, unit: jnp.ndarray) -> jnp.ndarray:
+    """``x * unit - mean * unit``: the deviations of a group held in ``unit``, each term scaled before the
+    subtraction (exact, powers of two), so that ``x - mean`` is never formed where it overflows (huge
+    groups) or is subnormal (tiny ones). Every normalization multiplies them by its inverse."""
+    return x * unit - mean * unit
+
+
 def refinement(sigma_in_unit: jnp.ndarray, unit: jnp.ndarray) -> jnp.ndarray:
     """Per group, a power of two ``r`` that puts ``sigma_in_unit * r`` in ``[16, 32)`` where ``unit`` is
     below 1 (a huge group) and ``sigma_in_unit`` (``sigma_hat * unit``) positive and finite, else 1; no
@@ -182,7 +190,7 @@ def refinement_where_needed(sigma_in_unit: jnp.ndarray, unit: jnp.ndarray) -> jn
         ones = jnp.ones_like(sigma_in_unit)
         return lax.cond(jnp.any(unit < 1), lambda: refinement(sigma_in_unit, unit), lambda: ones)
 
-    return per_platform(branching, refinement, sigma_in_unit, unit)
+    return per_platform(branching, refinement, lax.stop_gradient(sigma_in_unit), unit)
 
 
 def refine_variance(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -190,7 +198,7 @@ def refine_variance(var: jnp.ndarray, unit: jnp.ndarray) -> tuple[jnp.ndarray, j
     the variance of ``x * unit * r`` (exact, a power of two), for statistics whose derivative is written
     with their own unit (a custom JVP, as :func:`lift_tiny`), so that no cotangent is formed in the
     unrefined variance (``r^2`` up to ``2^90`` times the refined one's)."""
-    refine = refinement_where_needed(lax.stop_gradient(jnp.sqrt(var)), unit)
+    refine = refinement_where_needed(jnp.sqrt(var), unit)
     return var * (refine * refine), unit * refine
 
 
@@ -326,7 +334,7 @@ def variance_in_unit(
             still_tiny = (lifted > 0) & _below_tiny_bound(jnp.square(lifted))
             small = jnp.where(still_tiny, small * tiny_unit(dtype), small)
     unit = lax.stop_gradient(jnp.where(plain, small, huge_unit(dtype)).astype(dtype))
-    unit = unit * refinement_where_needed(lax.stop_gradient(dispersion) * unit, unit)
+    unit = unit * refinement_where_needed(dispersion * unit, unit)
     return jnp.square(dispersion * unit), unit, dispersion
 
 
