@@ -15,11 +15,12 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from jaxnorm.functional.eager import compiled_when_concrete
-from jaxnorm.functional.moments import CONDITION_LIMIT, stats_dtype
+from jaxnorm.functional.moments import CONDITION_LIMIT, shifted_pass, stats_dtype
 from jaxnorm.functional.platform import distinct, no_copy, per_platform, separate_reads
+from jaxnorm.functional.tangents import instantiate_zeros
 from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance, unit_deviations
 
-__all__ = ["instantiate_zeros", "last_axis_norm", "rms_row_statistics", "row_statistics"]
+__all__ = ["last_axis_norm", "rms_row_statistics", "row_statistics"]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -108,12 +109,11 @@ def row_statistics(
 
 
 def _shifted_moments(wide: jnp.ndarray, centre: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The row mean and variance taken about ``centre`` (Chan et al. 1983): ``d = x - centre``,
-    ``mean = centre + mean(d)``, ``var = mean(d^2) - mean(d)^2``; a constant row has one deviation, so its
-    mean comes out exact and its variance exactly 0."""
-    d = wide - centre
-    correction = jnp.mean(d, -1, keepdims=True)
-    return centre + correction, jnp.mean(jnp.square(d), -1, keepdims=True) - jnp.square(correction)
+    """The row mean and variance about ``centre``: :func:`~jaxnorm.functional.moments.shifted_pass` over
+    the last axis, ``M2 / n``."""
+    count = wide.shape[-1]
+    mean, m2 = shifted_pass(wide, centre, None, (wide.ndim - 1,), count)
+    return mean, m2 / count
 
 
 def rms_row_statistics(x: jnp.ndarray, epsilon: float) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -206,9 +206,4 @@ def last_axis_norm_jvp(epsilon, centred, primals, tangents):
 
 
 last_axis_norm.defjvp(last_axis_norm_jvp, symbolic_zeros=True)
-
-
-def instantiate_zeros(tangent):
-    """A symbolic-zero tangent (an input not differentiated) as an array of zeros."""
-    return jnp.zeros(tangent.shape, tangent.dtype) if isinstance(tangent, SymbolicZero) else tangent
 

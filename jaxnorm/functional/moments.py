@@ -34,6 +34,7 @@ __all__ = [
     "kept_shape",
     "local_moments",
     "mean_m2_unit",
+    "shifted_pass",
     "stats_dtype",
     "widened_float16",
 ]
@@ -198,7 +199,7 @@ def _statistics_in_units(
     def in_unit(unit: float | jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         scaled = values * unit
         centre = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
-        return _shifted_pass(scaled, centre, mask, axes, safe_count)
+        return shifted_pass(scaled, centre, mask, axes, safe_count)
 
     def rescued_about_plain_mean(unit: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         # the tiny rescue, about the plain (exact) mean where it is finite in the unit: a constant
@@ -207,20 +208,20 @@ def _statistics_in_units(
         scaled, plain_centre = values * unit, plain[0] * unit
         rough = jnp.sum(scaled, axis=axes, keepdims=True) / safe_count
         centre = jnp.where(jnp.isfinite(plain_centre), plain_centre, rough)
-        return _shifted_pass(scaled, centre, mask, axes, safe_count)
+        return shifted_pass(scaled, centre, mask, axes, safe_count)
 
     underflowing = _underflowing(plain[1], count) if tiny_groups else None
     return statistics_in_units(plain, in_range(*plain), underflowing, in_unit, rescued_about_plain_mean)
 
 
-def _shifted_pass(
+def shifted_pass(
     values: jnp.ndarray, centre: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...],
-    safe_count: jnp.ndarray,
+    safe_count: jnp.ndarray | int,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The shifted-data algorithm about ``centre`` (Chan et al. 1983): ``d = x - centre``,
     ``mean = centre + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; exact whatever the centre's
     rounding error, and a constant group has one deviation ``d``, so its mean comes out exact and its
-    M2 zero."""
+    M2 zero. ``safe_count`` is the groups' element count, at least 1."""
     d = values.astype(centre.dtype) - centre
     d = d if mask is None else jnp.where(mask, d, 0)
     d_total = jnp.sum(d, axis=axes, keepdims=True)
@@ -244,7 +245,7 @@ def _mean_m2_unit_fused(
     safe_count = jnp.maximum(count, 1)
     values = _widen(x, mask)
     mean = jnp.sum(values, axis=axes, keepdims=True) / safe_count
-    plain = _shifted_pass(x, mean, mask, axes, safe_count)
+    plain = shifted_pass(x, mean, mask, axes, safe_count)
     if not rescale:
         return (*plain, jnp.ones_like(mean))
     return _statistics_in_units(values, plain, count, mask, axes, tiny_groups)
@@ -270,7 +271,7 @@ def _mean_m2_unit_branching(
     ones = jnp.ones_like(mean)
 
     def careful() -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-        shifted = _shifted_pass(x, mean, mask, axes, safe_count)
+        shifted = shifted_pass(x, mean, mask, axes, safe_count)
         if not rescale:
             return (*shifted, ones)
         return lax.cond(

@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm.functional.dispersion import dispersion_statistics
-from jaxnorm.functional.last_axis import instantiate_zeros
 from jaxnorm.functional.moments import ChannelGroups, group_reduce
 from jaxnorm.functional.options import BatchOptions
 from jaxnorm.functional.platform import distinct, no_copy
+from jaxnorm.functional.tangents import instantiate_zeros
 from jaxnorm.functional.units import inverse_std, unit_deviations
 
 __all__ = ["L2Groups", "l2_normalize"]
