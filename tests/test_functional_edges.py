@@ -239,6 +239,62 @@ def test_constant_channel_has_zero_dispersion_and_the_exact_gradient(
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
 
 
+# Constant groups of large values, every norm, n not a power of two (257 elements per group). The
+# shifted-data pass about the rounded mean left M2 a rounding residue of (sum d)^2 / n (XLA divides by the
+# constant n as a product with 1 / n), about 2^-24 n d^2 with d an ulp of the value: beside epsilon = 1e-5
+# from values of about 3e7, so the inverse, and the gradient, of a constant group came out too small, by
+# 1e-12 at -2.5e21 (batch_stats gave sigma 4.3e9), silently (the output was 0). Found by fuzzing against
+# a float64 oracle, 2026-11-28. At the default optimization (this module runs there, in
+# test_user_optimization.py) 68 of these 155 cases fail on 24af6f4, in both platform forms.
+LARGE_CONSTANTS = [3.2592358e7, 5.3976134e8, -6.462027e20, -2.4961558e21, 8.773958e37]
+CONSTANT_ROW = {  # x: (2, 257), row 0 constant; each norm takes each row as one group
+    "batch": lambda x: F.batch_norm(x.T).T,
+    "batch masked": lambda x: F.batch_norm(x.T, mask=jnp.arange(257)[:, None] % 9 != 4).T,
+    "ghost batch": lambda x: F.batch_norm(x.T.reshape(257, 2), virtual_batch_size=257).T,
+    "batch, devices": lambda x: jax.vmap(
+        lambda a: F.batch_norm(a, axis_name="d"), in_axes=1, out_axes=1, axis_name="d"
+    )(x.T.reshape(257, 1, 2)).reshape(257, 2).T,
+    "layer": lambda x: F.layer_norm(x),
+    "layer axes": lambda x: F.layer_norm(x[:, None, :], axis=(1, 2))[:, 0, :],
+    "group": lambda x: F.group_norm(x[:, None, :], 1).reshape(2, 257),
+    "instance": lambda x: F.instance_norm(x[:, :, None]).reshape(2, 257),
+    "layer p=1": lambda x: F.layer_norm(x, p=1),
+    "batch p=inf": lambda x: F.batch_norm(x.T, p="inf").T,
+}
+
+
+@pytest.mark.parametrize("form", ["cpu", "cpu eager", "default"])
+@pytest.mark.parametrize("value", LARGE_CONSTANTS)
+@pytest.mark.parametrize("name", sorted(CONSTANT_ROW))
+def test_large_constant_group_has_the_exact_gradient(accelerator_forms, name, value, form):
+    if form == "default":
+        accelerator_forms()
+    rng = np.random.default_rng(0)
+    x = np.stack([np.full(257, value, np.float32), rng.normal(size=257).astype(np.float32)])
+    cotangent = rng.normal(size=x.shape).astype(np.float32)
+    # (jax.vjp of a jitted vmap with an axis name raises "unbound axis name" in the norms' custom JVPs:
+    # the devices case is differentiated unjitted)
+    eager = form == "cpu eager" or name.endswith("devices")
+    norm = CONSTANT_ROW[name] if eager else jax.jit(CONSTANT_ROW[name])
+    y, vjp = jax.vjp(norm, jnp.asarray(x))
+    got = np.asarray(vjp(jnp.asarray(cotangent))[0], np.float64)[0]
+    kept = np.arange(257) % 9 != 4 if name == "batch masked" else np.ones(257, bool)
+    ct = cotangent[0].astype(np.float64)
+    want = ct / np.sqrt(1e-5)  # y = (x - mean) / sqrt(epsilon): d y_i / d x_j = (delta_ij - kept_j / n) / sqrt(eps)
+    want[kept] -= ct.sum() / kept.sum() / np.sqrt(1e-5)
+    np.testing.assert_array_equal(np.asarray(y)[0], 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("value", LARGE_CONSTANTS)
+def test_batch_stats_of_a_large_constant_channel_are_exact(value):
+    normal = np.random.default_rng(0).normal(size=257).astype(np.float32)
+    x = jnp.stack([jnp.full(257, value, jnp.float32), jnp.asarray(normal)], axis=1)
+    for stats in (F.batch_stats, jax.jit(F.batch_stats)):
+        mean, sigma = stats(x)
+        assert float(mean[0]) == float(np.float32(value)) and float(sigma[0]) == 0.0
+
+
 # A constant group whose first part (a device's share, or a channel of a group) keeps no element: the
 # merge of partial moments (Chan et al.) was taken about the first part's mean, an empty part's 0, so
 # the merged mean was rounded and the group came out as +-1 at epsilon = 0 (found by fuzzing the

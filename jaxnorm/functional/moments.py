@@ -219,14 +219,24 @@ def shifted_pass(
     safe_count: jnp.ndarray | int,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The shifted-data algorithm about ``centre`` (Chan et al. 1983): ``d = x - centre``,
-    ``mean = centre + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``; exact whatever the centre's
-    rounding error, and a constant group has one deviation ``d``, so its mean comes out exact and its
-    M2 zero. ``safe_count`` is the groups' element count, at least 1."""
+    ``mean = centre + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``, accurate whatever the centre's
+    rounding error. ``safe_count`` is the groups' element count, at least 1.
+
+    A constant group (every kept deviation equal: ``max d == min d``) gets ``M2 = 0`` and
+    ``mean = centre + d`` exactly, its value. The formula alone leaves it a rounding residue of
+    ``(sum d)^2 / n`` (XLA divides by a constant ``n`` as a product with ``1 / n``), about
+    ``2^-24 n d^2`` in float32 with ``d`` an ulp of the value: beyond ``epsilon`` from values of about
+    ``3e7`` (``epsilon = 1e-5``), where the residue, not ``epsilon``, set the inverse and the
+    gradient of a constant group came out too small by up to 12 orders of magnitude."""
     d = values.astype(centre.dtype) - centre
-    d = d if mask is None else jnp.where(mask, d, 0)
+    kept = (lambda v, fill: v) if mask is None else (lambda v, fill: jnp.where(mask, v, fill))
+    d_max = jnp.max(kept(d, -jnp.inf), axis=axes, keepdims=True)
+    constant = d_max == jnp.min(kept(d, jnp.inf), axis=axes, keepdims=True)
+    d = kept(d, 0)
     d_total = jnp.sum(d, axis=axes, keepdims=True)
     m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
-    return centre + d_total / safe_count, jnp.maximum(m2, 0)
+    mean = jnp.where(constant, centre + d_max, centre + d_total / safe_count)
+    return mean, jnp.where(constant, 0, jnp.maximum(m2, 0))
 
 
 def _mean_m2_unit_fused(
