@@ -221,3 +221,67 @@ def test_an_epsilon_made_of_constants_keeps_the_invariance():
     }
     assert found["constant"][("w1",)] and found["constant times unit squared"][("w1",)]
     assert not found["data"][("w1",)]
+
+
+# A batch norm written with jnp.var / jnp.std: their select_n on "n - ddof > 0" (a predicate computed
+# from literals) was refuted, so the kernel before it read as not scale-invariant and WRS / BWN silently
+# skipped it (a fuzz helper's finding, 2026-11-28). A predicate that depends on the data still refutes.
+BATCH_NORMS = {
+    "jnp.var": (lambda h: (h - h.mean(0)) / jnp.sqrt(h.var(0) + 1e-5), True),
+    "jnp.std": (lambda h: (h - h.mean(0)) / h.std(0), True),
+    "written out": (lambda h: (h - h.mean(0)) / jnp.sqrt(((h - h.mean(0)) ** 2).mean(0) + 1e-5), True),
+    "data-dependent choice": (
+        lambda h: jnp.where(jnp.mean(h) > 0, h - h.mean(0), 1.0) / jnp.sqrt(h.var(0) + 1e-5), False
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_NORMS))
+def test_batch_norm_written_with_jnp_var_is_scale_invariant(name):
+    norm, invariant = BATCH_NORMS[name]
+    rng = np.random.default_rng(0)
+    params = {"l1": jnp.asarray(rng.normal(size=(4, 5)), jnp.float32),
+              "l2": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)
+    mask = jaxnorm.optim.scale_invariant_mask(
+        lambda p, x: jax.nn.relu(norm(x @ p["l1"])) @ p["l2"], params, x
+    )
+    assert bool(mask["l1"]) is invariant and not mask["l2"]
+
+
+def _conv(x, k):
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+# lax.reduce_window with a reducer or an initial value that is not a standard pool's stays the generic
+# reduce_window primitive, which discover took for a pool: enorm_balance with the resulting spec
+# changed the function by 6e-2 to 6e-1 (a fuzz helper's finding, 2026-11-28). The standard pools
+# (their own primitives) keep the junction.
+WINDOWS = {
+    "max, init 1.0": (lambda h: jax.lax.reduce_window(h, 1.0, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                      "VALID"), 0),
+    "add, init 1.0": (lambda h: jax.lax.reduce_window(h, 1.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                      "VALID"), 0),
+    "mul": (lambda h: jax.lax.reduce_window(h, 1.0, jax.lax.mul, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"), 0),
+    "max pool": (lambda h: jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                 "VALID"), 1),
+    "sum pool": (lambda h: jax.lax.reduce_window(h, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                 "VALID"), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_only_standard_pools_pass_the_units_through(name):
+    pool, junctions = WINDOWS[name]
+    rng = np.random.default_rng(0)
+    params = {"k1": jnp.asarray(rng.normal(size=(3, 3, 3, 4)), jnp.float32),
+              "w2": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(2, 6, 6, 3)), jnp.float32)
+
+    def f(p, x):
+        return pool(jax.nn.relu(_conv(x, p["k1"]))).mean((1, 2)) @ p["w2"]
+
+    spec = discover(f, params, x)
+    assert len(spec) == junctions
+    balanced = jaxnorm.enorm_balance(params, spec)
+    np.testing.assert_allclose(f(balanced, x), f(params, x), rtol=1e-4, atol=1e-5)

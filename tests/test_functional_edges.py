@@ -280,7 +280,8 @@ def test_large_constant_group_has_the_exact_gradient(accelerator_forms, name, va
     got = np.asarray(vjp(jnp.asarray(cotangent))[0], np.float64)[0]
     kept = np.arange(257) % 9 != 4 if name == "batch masked" else np.ones(257, bool)
     ct = cotangent[0].astype(np.float64)
-    want = ct / np.sqrt(1e-5)  # y = (x - mean) / sqrt(epsilon): d y_i / d x_j = (delta_ij - kept_j / n) / sqrt(eps)
+    # y = (x - mean) / sqrt(epsilon): d y_i / d x_j = (delta_ij - kept_j / n) / sqrt(epsilon)
+    want = ct / np.sqrt(1e-5)
     want[kept] -= ct.sum() / kept.sum() / np.sqrt(1e-5)
     np.testing.assert_array_equal(np.asarray(y)[0], 0.0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

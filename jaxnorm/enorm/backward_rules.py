@@ -274,7 +274,9 @@ BACKWARD_RULES: dict[Primitive, BackwardRule] = {
     lax.div_p: product_back,
     **dict.fromkeys(
         find_primitives(
-            "reduce_window_sum_p", "reduce_window_max_p", "reduce_window_min_p", "reduce_window_p"
+            # not the generic reduce_window_p: JAX takes it only for a reducer or initial value that is
+            # not a standard pool's (lax.max with init 1.0, a product), which is not homogeneous
+            "reduce_window_sum_p", "reduce_window_max_p", "reduce_window_min_p"
         ),
         window_back,
     ),

@@ -248,7 +248,11 @@ def _solve_inputs(
     for _ in range(64):
         try:
             consumers = ForwardPass(g, {leaf: ids}, TraceMode.TRANSPORT, seeds).run()
-            return seeds if seeds and not consumers else None
+            if seeds and not consumers:
+                return seeds
+            # the scaling reached the next layer (a BN without a bias, whose running mean alone does not
+            # absorb it): the running variance may
+            break
         except AddendMustScale as need:
             try:
                 extra = addend_sources(g, need.var, need.target, to_inputs=True)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -151,6 +152,25 @@ class ForwardPass:
         e = self.g.eqns[k]
         operands = e.ins[1:] if e.prim is lax.select_n_p else e.ins
         return e.prim in _CONSTANT_MAPS and all(self.is_constant(a) for a in operands)
+
+    def literal_value(self, x: Any, depth: int = 0) -> np.ndarray | None:
+        """The value of ``x`` where it is computed from literals alone (a captured array is state, not
+        a literal), evaluated primitive by primitive, else None: ``jnp.var``'s predicate ``n - ddof >
+        0``."""
+        if isinstance(x, Const):
+            return None if x.captured else np.asarray(x.value)
+        k = self.g.producer.get(x)
+        if k is None or depth > 8:
+            return None
+        e = self.g.eqns[k]
+        values = [self.literal_value(a, depth + 1) for a in e.ins]
+        if len(e.outs) != 1 or any(v is None for v in values):
+            return None
+        try:
+            with jax.ensure_compile_time_eval():
+                return np.asarray(e.prim.bind(*values, **e.params))
+        except Exception:  # a primitive that cannot run eagerly here: not known
+            return None
 
     def shape(self, x: Any) -> tuple[int, ...]:
         return tuple(np.shape(x.value)) if isinstance(x, Const) else self.g.shapes[x]
@@ -299,6 +319,9 @@ def merge_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
     if e.prim is lax.select_n_p:
         if vals[0] is not None:
             raise Refuted("a selection predicate that depends on the scale")
+        chosen = _uniform_choice(fp.literal_value(ins[0]))
+        if chosen is not None:  # a choice fixed by literals: the chosen case passes through
+            return [vals[1 + chosen]]
         ins, vals = ins[1:], vals[1:]
     scaled = [v for v in vals if v is not None]
     ref = scaled[0]
@@ -310,6 +333,14 @@ def merge_rule(fp: ForwardPass, e: Eqn, vals: list) -> list:
             continue
         _unscaled_operand(fp, e, x, ref, shape)
     return [Scaled(broadcast_ids(ref.ids, shape), ref.power)]
+
+
+def _uniform_choice(predicate: np.ndarray | None) -> int | None:
+    """The case a ``select_n`` predicate of known value picks everywhere, else None."""
+    if predicate is None or np.size(predicate) == 0:
+        return None
+    flat = np.asarray(predicate).astype(np.int64).ravel()
+    return int(flat[0]) if np.all(flat == flat[0]) else None
 
 
 def _unscaled_operand(fp: ForwardPass, e: Eqn, x: Any, ref: Scaled, shape: tuple[int, ...]) -> None:
@@ -583,7 +614,9 @@ FORWARD_RULES: dict[Primitive, ForwardRule] = {
     lax.gather_p: gather_rule,
     **dict.fromkeys(
         find_primitives(
-            "reduce_window_sum_p", "reduce_window_max_p", "reduce_window_min_p", "reduce_window_p"
+            # not the generic reduce_window_p: JAX takes it only for a reducer or initial value that is
+            # not a standard pool's (lax.max with init 1.0, a product), which is not homogeneous
+            "reduce_window_sum_p", "reduce_window_max_p", "reduce_window_min_p"
         ),
         window_rule,
     ),

@@ -54,7 +54,11 @@ def scale_invariant_mask(apply_fn: Callable, variables: PyTree, *args: Any, **kw
     ``lambda p, x: nnx.merge(graphdef, p, nnx.as_pure(rest))(x)`` with the model in training mode.
 
     Limitations: a bias added between the kernel and the BN (which the BN's mean subtraction
-    cancels) is not recognised; build such layers with ``use_bias=False``.
+    cancels) is not recognised; build such layers with ``use_bias=False``. An ``epsilon`` is neglected
+    only where it is added to a squared statistic (``sqrt(var + eps)``, not ``std + eps``). Any
+    constant added to a square or mean square is taken for BN's ``epsilon`` and
+    neglected, so ``h * rsqrt(h^2 + 1)`` (ISRU) or an RMS over the batch with a large ``epsilon``
+    reads as invariant although it is not: check a mask over such activations by hand.
     """
     flags = scale_invariant_kernels(apply_fn, variables, *args, **kwargs)
     params = variables["params"] if is_variables(variables) else variables
