@@ -222,21 +222,46 @@ def shifted_pass(
     ``mean = centre + sum d / n``, ``M2 = sum d^2 - (sum d)^2 / n``, accurate whatever the centre's
     rounding error. ``safe_count`` is the groups' element count, at least 1.
 
-    A constant group (every kept deviation equal: ``max d == min d``) gets ``M2 = 0`` and
-    ``mean = centre + d`` exactly, its value. The formula alone leaves it a rounding residue of
+    A constant group (every kept deviation equal) gets ``M2 = 0`` and ``mean = centre + d`` exactly,
+    its value (:func:`_constant_groups`). The formula alone leaves it a rounding residue of
     ``(sum d)^2 / n`` (XLA divides by a constant ``n`` as a product with ``1 / n``), about
     ``2^-24 n d^2`` in float32 with ``d`` an ulp of the value: beyond ``epsilon`` from values of about
     ``3e7`` (``epsilon = 1e-5``), where the residue, not ``epsilon``, set the inverse and the
     gradient of a constant group came out too small by up to 12 orders of magnitude."""
     d = values.astype(centre.dtype) - centre
-    kept = (lambda v, fill: v) if mask is None else (lambda v, fill: jnp.where(mask, v, fill))
-    d_max = jnp.max(kept(d, -jnp.inf), axis=axes, keepdims=True)
-    constant = d_max == jnp.min(kept(d, jnp.inf), axis=axes, keepdims=True)
-    d = kept(d, 0)
-    d_total = jnp.sum(d, axis=axes, keepdims=True)
-    m2 = jnp.sum(jnp.square(d), axis=axes, keepdims=True) - d_total * d_total / safe_count
-    mean = jnp.where(constant, centre + d_max, centre + d_total / safe_count)
-    return mean, jnp.where(constant, 0, jnp.maximum(m2, 0))
+    kept = d if mask is None else jnp.where(mask, d, 0)
+    d_total = jnp.sum(kept, axis=axes, keepdims=True)
+    cancelled = d_total * d_total / safe_count
+    m2 = jnp.maximum(jnp.sum(jnp.square(kept), axis=axes, keepdims=True) - cancelled, 0)
+    mean = centre + d_total / safe_count
+    # a constant group's M2 is a residue of the cancellation, a few ulps of (sum d)^2 / n; any other
+    # group's is far above it (its d_total is the centre's rounding error)
+    suspect = m2 <= _RESIDUE * cancelled
+
+    def resolved(mean, m2):
+        # d taken again from values: a conditional's full-size operand would be written to memory
+        constant, d_max = _constant_groups(values.astype(centre.dtype) - centre, mask, axes)
+        return jnp.where(constant, centre + d_max, mean), jnp.where(constant, 0, m2)
+
+    def branching(mean, m2):
+        return lax.cond(jnp.any(suspect), resolved, lambda mean, m2: (mean, m2), mean, m2)
+
+    return per_platform(branching, resolved, mean, m2)
+
+
+_RESIDUE = 2.0**-12
+"""``M2 <= _RESIDUE * (sum d)^2 / n``: a group whose M2 may be the rounding residue of a constant
+group's cancellation (a few ulps, ``2^-22`` in float32), checked for constancy."""
+
+
+def _constant_groups(
+    d: jnp.ndarray, mask: jnp.ndarray | None, axes: tuple[int, ...]
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Per group, whether every kept deviation ``d`` is the same (``max d == min d``; an empty group is
+    not constant), and the largest."""
+    kept = (lambda fill: d) if mask is None else (lambda fill: jnp.where(mask, d, fill))
+    d_max = jnp.max(kept(-jnp.inf), axis=axes, keepdims=True)
+    return d_max == jnp.min(kept(jnp.inf), axis=axes, keepdims=True), d_max
 
 
 def _mean_m2_unit_fused(
