@@ -245,8 +245,8 @@ def test_constant_channel_has_zero_dispersion_and_the_exact_gradient(
 # from values of about 3e7, so the inverse, and the gradient, of a constant group came out too small, by
 # 1e-12 at -2.5e21 (batch_stats gave sigma 4.3e9), silently (the output was 0). Found by fuzzing against
 # a float64 oracle, 2026-11-28. At the default optimization (this module runs there, in
-# test_user_optimization.py) 68 of these 155 cases fail on 24af6f4, in both platform forms.
-LARGE_CONSTANTS = [3.2592358e7, 5.3976134e8, -6.462027e20, -2.4961558e21, 8.773958e37]
+# test_user_optimization.py) 20 of these 63 cases fail on 24af6f4, in both platform forms.
+LARGE_CONSTANTS = [3.2592358e7, -2.4961558e21, 8.773958e37]
 CONSTANT_ROW = {  # x: (2, 257), row 0 constant; each norm takes each row as one group
     "batch": lambda x: F.batch_norm(x.T).T,
     "batch masked": lambda x: F.batch_norm(x.T, mask=jnp.arange(257)[:, None] % 9 != 4).T,
@@ -263,7 +263,7 @@ CONSTANT_ROW = {  # x: (2, 257), row 0 constant; each norm takes each row as one
 }
 
 
-@pytest.mark.parametrize("form", ["cpu", "cpu eager", "default"])
+@pytest.mark.parametrize("form", ["cpu", "default"])
 @pytest.mark.parametrize("value", LARGE_CONSTANTS)
 @pytest.mark.parametrize("name", sorted(CONSTANT_ROW))
 def test_large_constant_group_has_the_exact_gradient(accelerator_forms, name, value, form):
@@ -274,8 +274,7 @@ def test_large_constant_group_has_the_exact_gradient(accelerator_forms, name, va
     cotangent = rng.normal(size=x.shape).astype(np.float32)
     # (jax.vjp of a jitted vmap with an axis name raises "unbound axis name" in the norms' custom JVPs:
     # the devices case is differentiated unjitted)
-    eager = form == "cpu eager" or name.endswith("devices")
-    norm = CONSTANT_ROW[name] if eager else jax.jit(CONSTANT_ROW[name])
+    norm = CONSTANT_ROW[name] if name.endswith("devices") else jax.jit(CONSTANT_ROW[name])
     y, vjp = jax.vjp(norm, jnp.asarray(x))
     got = np.asarray(vjp(jnp.asarray(cotangent))[0], np.float64)[0]
     kept = np.arange(257) % 9 != 4 if name == "batch masked" else np.ones(257, bool)
