@@ -228,7 +228,10 @@ def shifted_pass(
     ``2^-24 n d^2`` in float32 with ``d`` an ulp of the value: beyond ``epsilon`` from values of about
     ``3e7`` (``epsilon = 1e-5``), where the residue, not ``epsilon``, set the inverse and the
     gradient of a constant group came out too small by up to 12 orders of magnitude."""
-    d = values.astype(centre.dtype) - centre
+    def deviations() -> jnp.ndarray:
+        return values.astype(centre.dtype) - centre
+
+    d = deviations()
     kept = d if mask is None else jnp.where(mask, d, 0)
     d_total = jnp.sum(kept, axis=axes, keepdims=True)
     cancelled = d_total * d_total / safe_count
@@ -240,7 +243,7 @@ def shifted_pass(
 
     def resolved(mean, m2):
         # d taken again from values: a conditional's full-size operand would be written to memory
-        constant, d_max = _constant_groups(values.astype(centre.dtype) - centre, mask, axes)
+        constant, d_max = _constant_groups(deviations(), mask, axes)
         return jnp.where(constant, centre + d_max, mean), jnp.where(constant, 0, m2)
 
     def branching(mean, m2):
