@@ -18,7 +18,7 @@ from jaxnorm.functional.eager import compiled_when_concrete
 from jaxnorm.functional.moments import CONDITION_LIMIT, shifted_pass, stats_dtype
 from jaxnorm.functional.platform import distinct, no_copy, per_platform, separate_reads
 from jaxnorm.functional.tangents import instantiate_zeros
-from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance, unit_deviations
+from jaxnorm.functional.units import add_epsilon, huge_unit, refine_variance, select_in_unit, unit_deviations
 
 __all__ = ["last_axis_norm", "rms_row_statistics", "row_statistics"]
 
@@ -98,8 +98,8 @@ def row_statistics(
             # the rows in range again, the huge ones zeroed: the inf / NaN statistics of the huge rows
             # would make every derivative through the select NaN (0 * inf), second ones included
             safe = jnp.where(in_range, _widen(x), 0)
-            in_range_statistics = shifted(*_shifted_moments(safe, jnp.where(in_range, rough, 0)))
-            return _huge_rows(x, in_range, in_range_statistics, epsilon)
+            in_range_moments = _shifted_moments(safe, jnp.where(in_range, rough, 0))
+            return _huge_rows(x, in_range, in_range_moments, epsilon)
 
         return lax.cond(jnp.all(in_range), lambda: shifted(mean, var), with_huge_rows)
 
@@ -153,26 +153,24 @@ def _row_mean_square(values: jnp.ndarray) -> jnp.ndarray:
 
 
 def _huge_rows(
-    x: jnp.ndarray, in_range: jnp.ndarray, shifted: tuple[jnp.ndarray, ...], epsilon: float
+    x: jnp.ndarray, in_range: jnp.ndarray, in_range_moments: tuple[jnp.ndarray, jnp.ndarray], epsilon: float
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """Row statistics where the mean or ``var`` overflows the dtype (``sigma > 1.8e19`` in float32, or a
-    sum of ``x`` beyond the largest float): taken again on ``x * unit``,
+    """Row statistics ``(mean, inv, unit)`` where the mean or ``var`` overflows the dtype (``sigma > 1.8e19``
+    in float32, or a sum of ``x`` beyond the largest float): taken again on ``x * unit``,
     :func:`~jaxnorm.functional.units.huge_unit` (``2^-96`` in float32), about their rough mean
-    (:func:`_shifted_moments`), then refined by a power of two to ``sigma_hat * unit`` in ``[16, 32)``. The
-    row is normalized as ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2)``, every factor a
-    normal number up to the largest float (a factor ``1 / sigma_hat`` is subnormal beyond ``2^126``) and
-    the inverse below 1 (no overflow of ``inv * scale`` or of the cotangent times ``inv``). A row whose
-    variance is 0 in the unit (a constant row of huge values) keeps unit 1, where ``epsilon`` does not
-    underflow. Rows ``in_range`` keep their ``shifted`` statistics."""
-    wide = _widen(x)
-    unit_value = huge_unit(wide.dtype)
-    scaled = wide * unit_value
-    scaled_mean, var = _shifted_moments(scaled, jnp.mean(scaled, -1, keepdims=True))
-    var, unit = refine_variance(jnp.maximum(var, 0), jnp.full_like(var, unit_value))
-    unit = jnp.where(var > 0, unit, 1)
-    inv = lax.rsqrt(add_epsilon(var, epsilon, unit))
-    mean = scaled_mean / unit_value
-    return tuple(jnp.where(in_range, a, b) for a, b in zip(shifted, (mean, inv, unit), strict=True))
+    (:func:`_shifted_moments`), selected per row with the ``in_range_moments`` ``(mean, var)`` of the rows
+    in range (:func:`~jaxnorm.functional.units.select_in_unit`: a constant row of huge values keeps unit
+    1, where ``epsilon`` does not underflow), then refined by a power of two to ``sigma_hat * unit`` in
+    ``[16, 32)`` (:func:`~jaxnorm.functional.units.refine_variance`). The row is normalized as
+    ``(x * unit - mean * unit) * rsqrt(var + epsilon * unit^2)``, every factor a normal number up to the
+    largest float (a factor ``1 / sigma_hat`` is subnormal beyond ``2^126``) and the inverse below 1 (no
+    overflow of ``inv * scale`` or of the cotangent times ``inv``)."""
+    unit_value = huge_unit(stats_dtype(x))
+    scaled = _widen(x) * unit_value
+    scaled_moments = _shifted_moments(scaled, jnp.mean(scaled, -1, keepdims=True))
+    mean, var, unit = select_in_unit(in_range, in_range_moments, scaled_moments, unit_value)
+    var, unit = refine_variance(jnp.maximum(var, 0), unit)
+    return mean, lax.rsqrt(add_epsilon(var, epsilon, unit)), unit
 
 
 def _centre(x: jnp.ndarray, mean: jnp.ndarray | None) -> jnp.ndarray:
