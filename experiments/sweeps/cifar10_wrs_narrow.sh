@@ -29,9 +29,13 @@ for model in "model.kwargs.width_multiplier=0.25:" "model.kwargs.width=8:resnet1
       --grid "$width" --grid num_epochs=$((EPOCHS / 2)) --set dataset.name=$DATA checkpoint_every=500
   done
   if [ "${ABLATION:-0}" = 1 ]; then
-    python experiments/scripts/resume_grid.py cifar10_wrs \
-      --jsonl experiments/results/cifar10_wrs_narrow_lr.jsonl --workdir runs/cifar10_wrs_narrow_lr \
-      --only "${prefix}sgdm+wd" "${prefix}sgdm+wrs" --seeds 0 1 2 --grid "$width" \
-      --grid num_epochs=$EPOCHS --grid optimizer.learning_rate=0.05,0.2 --set dataset.name=$DATA checkpoint_every=500
+    # seeds outermost here too: a partial ablation already has both methods at both rates for seed 0
+    for seed in 0 1 2; do
+      python experiments/scripts/resume_grid.py cifar10_wrs \
+        --jsonl experiments/results/cifar10_wrs_narrow_lr.jsonl --workdir runs/cifar10_wrs_narrow_lr \
+        --only "${prefix}sgdm+wd" "${prefix}sgdm+wrs" --seeds $seed --grid "$width" \
+        --grid num_epochs=$EPOCHS --grid optimizer.learning_rate=0.05,0.2 --set dataset.name=$DATA \
+        checkpoint_every=500
+    done
   fi
 done
