@@ -304,6 +304,28 @@ MALFORMED = [
     case(linen(jn.BatchNorm), (), dict(use_running_average="no"), "use_running_average", TypeError),
     case(nnx_new(jnnx.LayerNorm, 4), (), dict(use_scale="no"), "use_scale", TypeError),
     case(nnx_new(jnnx.RMSNorm, 4), (), dict(param_dtype=jnp.int8), "param_dtype", TypeError),
+    # --- an integer compute dtype (accepted before for every layer but BatchNorm: the output was
+    # truncated to integers; flax raises at the first call, ours at init / construction)
+    *(
+        case(build, (), dict(dtype=jnp.int32), "dtype", TypeError)
+        for build in (
+            linen_bn(),
+            linen(jn.LayerNorm),
+            linen(jn.RMSNorm),
+            linen(jn.GroupNorm, X4, num_groups=2),
+            linen(jn.InstanceNorm, X4),
+            linen(jn.WeightNormDense, X2, features=3),
+            linen(jn.WSConv, X4, features=3, kernel_size=(3, 3)),
+            nnx_new(jnnx.BatchNorm, 4),
+            nnx_new(jnnx.LayerNorm, 4),
+            nnx_new(jnnx.RMSNorm, 4),
+            nnx_new(jnnx.GroupNorm, 6, num_groups=2),
+            nnx_new(jnnx.InstanceNorm, 6),
+            nnx_new(jnnx.WeightNormDense, 4, 3),
+            nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)),
+        )
+    ),
+    case(F.layers.group_norm_layer, (X4,), dict(scale=None, bias=None, num_groups=2, dtype="int8"), "dtype", TypeError),
     case(nnx_new(jnnx.BatchNorm, 4), (), dict(use_running_average="no"), "use_running_average", TypeError),
     case(
         nnx_call(jnnx.BatchNorm, X2, 4, use_running_average=None), (), {}, "use_running_average", ValueError

@@ -101,6 +101,23 @@ def check_param_dtype(value: object, name: str = "param_dtype") -> jnp.dtype:
     return dtype
 
 
+def check_compute_dtype(value: object, name: str = "dtype") -> jnp.dtype | None:
+    """``None`` (the promotion of the input and the parameters), or a floating (or complex) dtype to
+    compute in: an integer one would truncate the normalized output to integers (flax raises too)."""
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a floating dtype or None, got {value!r}") from None
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(
+            f"{name} must be a floating dtype (or None for the input's dtype), got {dtype.name}: "
+            "an integer dtype would truncate the output"
+        )
+    return dtype
+
+
 def check_momentum(value: object, name: str = "momentum") -> float:
     """A real number in [0, 1]."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):

@@ -19,6 +19,7 @@ from jaxnorm.functional.batch import batch_statistics_with_unit, normalize_batch
 from jaxnorm.functional.checks import (
     PNorm,
     canonical_axes,
+    check_compute_dtype,
     check_epsilon,
     check_floating,
     check_mask,
@@ -58,8 +59,10 @@ def _feature_shape(x: jnp.ndarray, feature_axes: tuple[int, ...]) -> tuple[int, 
 
 
 def _output_dtype(dtype, *arrays) -> jnp.dtype:
-    """flax's rule: the requested dtype, else the promotion of the input and the parameters."""
-    return jnp.dtype(dtype) if dtype is not None else jnp.result_type(*[a for a in arrays if a is not None])
+    """flax's rule: the requested dtype (floating: :func:`~jaxnorm.functional.checks.check_compute_dtype`),
+    else the promotion of the input and the parameters."""
+    dtype = check_compute_dtype(dtype)
+    return dtype if dtype is not None else jnp.result_type(*[a for a in arrays if a is not None])
 
 
 class BatchNormOutput(NamedTuple):

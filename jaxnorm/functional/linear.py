@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm.functional.checks import check_positive_int
+from jaxnorm.functional.checks import check_compute_dtype, check_positive_int
 
 __all__ = ["apply_linear", "canonical_padding", "kernel_shape"]
 
@@ -73,7 +73,7 @@ def apply_linear(
 
     Computed in ``dtype`` (default: the promotion of ``x``, ``kernel`` and ``bias``), as flax does.
     """
-    dtype = dtype or jnp.result_type(*[a for a in (x, kernel, bias) if a is not None])
+    dtype = check_compute_dtype(dtype) or jnp.result_type(*[a for a in (x, kernel, bias) if a is not None])
     x, kernel = x.astype(dtype), kernel.astype(dtype)
     if not conv:
         y = lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.functional.checks import check_bool, check_broadcasts, check_epsilon
+from jaxnorm.functional.checks import check_bool, check_broadcasts, check_compute_dtype, check_epsilon
 from jaxnorm.functional.platform import distinct, per_platform
 from jaxnorm.functional.units import Statistics, inverse_std, unit_deviations
 
@@ -53,8 +53,7 @@ def normalize(
     :func:`jaxnorm.functional.last_axis.last_axis_norm` over the last axis alone).
     """
     epsilon = check_epsilon(epsilon)
-    if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
-        raise TypeError(f"dtype must be a floating dtype (or None for x's dtype), got {dtype!r}")
+    dtype = check_compute_dtype(dtype)
     check_broadcasts(mean, x.shape, "mean")
     check_broadcasts(var, x.shape, "var")
     check_broadcasts(scale, x.shape, "scale")

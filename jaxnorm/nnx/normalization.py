@@ -33,6 +33,7 @@ from jaxnorm.functional.checks import (
     canonical_axes,
     canonical_p,
     check_bool,
+    check_compute_dtype,
     check_epsilon,
     check_floating,
     check_momentum,
@@ -72,6 +73,7 @@ class _Affine(nnx.Module):
         self.bias = optional_param(use_bias, bias_init, shape, param_dtype, rngs, bias_metadata)
         self.num_features = num_features
         self.epsilon = check_epsilon(epsilon)
+        check_compute_dtype(dtype)  # at construction, where flax.nnx raises at the first call
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.use_bias = use_bias
@@ -399,6 +401,7 @@ class RMSNorm(nnx.Module):
         self.scale = optional_param(use_scale, scale_init, (num_features,), param_dtype, rngs, scale_metadata)
         self.num_features = num_features
         self.epsilon = check_epsilon(epsilon)
+        check_compute_dtype(dtype)  # at construction, where flax.nnx raises at the first call
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.use_scale = use_scale

@@ -26,6 +26,7 @@ from flax.typing import Dtype, Initializer
 from jaxnorm.functional import linear
 from jaxnorm.functional.checks import (
     check_bool,
+    check_compute_dtype,
     check_epsilon,
     check_param_dtype,
     check_positive_int,
@@ -81,6 +82,7 @@ class _Dense(nnx.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias
+        check_compute_dtype(dtype)  # at construction, where flax.nnx raises at the first call
         self.dtype = dtype
         self.param_dtype = param_dtype
 
@@ -123,6 +125,7 @@ class _Conv(_Dense):
         self.kernel_dilation = kernel_dilation
         self.feature_group_count = feature_group_count
         self.use_bias = use_bias
+        check_compute_dtype(dtype)  # at construction, where flax.nnx raises at the first call
         self.dtype = dtype
         self.param_dtype = param_dtype
 
