@@ -84,6 +84,11 @@ def nnx_call(cls, x, *args, **fixed):
     return build
 
 
+def nnx_bn_evaluation(mask):
+    """NNX BatchNorm in evaluation, called with ``mask`` (unused there, checked all the same)."""
+    return jnnx.BatchNorm(4, use_running_average=True, rngs=nnx.Rngs(0))(X2, mask=mask)
+
+
 def vmapped_bn(**kwargs):
     """batch_norm under a named vmap axis (for options that cannot be combined with ``axis_name``)."""
     return jax.vmap(lambda xl: F.batch_norm(xl, axis_name="d", **kwargs), axis_name="d")(X2.reshape(2, 8, 4))
@@ -325,7 +330,35 @@ MALFORMED = [
             nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)),
         )
     ),
-    case(F.layers.group_norm_layer, (X4,), dict(scale=None, bias=None, num_groups=2, dtype="int8"), "dtype", TypeError),
+    # --- module arguments the module fuzz of 2026-12-02 found accepted, or refused with a raw error
+    case(nnx_new(jnnx.LayerNorm, 0), (), {}, "num_features"),
+    case(nnx_new(jnnx.LayerNorm, -3), (), {}, "num_features"),
+    case(nnx_new(jnnx.BatchNorm, 8.0), (), {}, "num_features", TypeError),
+    case(nnx_new(jnnx.RMSNorm, 0), (), {}, "num_features"),
+    case(F.bounded_weight_norm_rho, (V2.at[:, 1].set(0),), {}, "v"),  # a zero unit: rho 0 for ever
+    case(nnx_new(jnnx.WeightNormDense, 6, 3), (), dict(data_init_epsilon=-1.0), "data_init_epsilon"),
+    case(linen(jn.WeightNormDense, X2, features=3), (), dict(data_init_epsilon=-1.0), "data_init_epsilon"),
+    case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(feature_group_count=0),
+         "feature_group_count"),
+    case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(strides=0), "strides"),
+    case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(input_dilation=0), "input_dilation"),
+    case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(kernel_dilation=(1,)),
+         "kernel_dilation"),
+    case(linen(jn.WSConv, X4, features=4), (), dict(kernel_size=3), "kernel_size"),  # one axis, x has 2
+    case(nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)), (), dict(strides=(1, 0)), "strides"),
+    case(nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)), (), dict(padding=(1, 1, 1)), "padding"),
+    case(linen(jn.LayerNorm, X3), (), dict(reduction_axes=()), "reduction_axes"),
+    case(linen(jn.RMSNorm), (), dict(use_fast_variance="no"), "use_fast_variance", TypeError),
+    case(linen(jn.LayerNorm), (), dict(force_float32_reductions="no"), "force_float32_reductions", TypeError),
+    case(linen_bn(), (), dict(force_float32_reductions=None), "force_float32_reductions", TypeError),
+    case(nnx_new(jnnx.LayerNorm, 4), (), dict(use_fast_variance="no"), "use_fast_variance", TypeError),
+    case(nnx_new(jnnx.RMSNorm, 4), (), dict(use_fast_variance="no"), "use_fast_variance", TypeError),
+    case(linen(jn.BatchNorm, call=dict(mask=BAD_MASK)), (), dict(use_running_average=True), "mask"),
+    case(linen(jn.BatchNorm, call=dict(mask=jnp.ones((16, 4), jnp.int32))), (),
+         dict(use_running_average=True), "mask"),
+    case(nnx_bn_evaluation, (BAD_MASK,), {}, "mask"),
+    case(F.layers.group_norm_layer, (X4,), dict(scale=None, bias=None, num_groups=2, dtype="int8"), "dtype",
+         TypeError),
     case(nnx_new(jnnx.BatchNorm, 4), (), dict(use_running_average="no"), "use_running_average", TypeError),
     case(
         nnx_call(jnnx.BatchNorm, X2, 4, use_running_average=None), (), {}, "use_running_average", ValueError
@@ -397,8 +430,30 @@ def test_malformed_table_covers_every_public_callable():
 # 2. Well-formed spellings that must be accepted, with the canonical result
 
 
+def _conv(x=X4, **kwargs):
+    """A weight-normalized linen conv, initialized and applied: its output."""
+    module = jn.WeightNormConv(features=4, kernel_size=(3, 3), **kwargs)
+    return module.apply(module.init(KEY, x), x)
+
+
+def _nnx_conv(x=X4, **kwargs):
+    return jnnx.WeightNormConv(6, 4, kernel_size=(3, 3), **kwargs, rngs=nnx.Rngs(0))(x)
+
+
 ACCEPTED = [
     # (call, canonical call): both must run; results equal
+    # NumPy integers in every convolution argument (they raised "'numpy.int64' object is not iterable")
+    *(
+        (f"{framework} {name}=np.int64({value})", lambda f=f, n=name, v=value: f(**{n: np.int64(v)}),
+         lambda f=f, n=name, v=value: f(**{n: v}))
+        for framework, f in (("nn conv", _conv), ("nnx conv", _nnx_conv))
+        for name, value in (("strides", 2), ("kernel_dilation", 2), ("input_dilation", 1), ("padding", 1))
+    ),
+    (
+        "nnx conv kernel_size=(np.int64(3), 3)",
+        lambda: jnnx.WeightNormConv(6, 4, kernel_size=(np.int64(3), 3), rngs=nnx.Rngs(0))(X4),
+        lambda: jnnx.WeightNormConv(6, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))(X4),
+    ),
     ("p=np.int64(2)", lambda: F.batch_norm(X2, p=np.int64(2)), lambda: F.batch_norm(X2, p=2)),
     ("p=np.int64(1)", lambda: F.batch_norm(X2, p=np.int64(1)), lambda: F.batch_norm(X2, p=1)),
     ("p=np.float64(1)", lambda: F.layer_norm(X2, p=np.float64(1.0)), lambda: F.layer_norm(X2, p=1)),
@@ -760,3 +815,34 @@ def test_complex_input_with_a_module_dtype_like_flax(x64, layer, kwargs):
     np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
     with pytest.raises(TypeError, match="dtype"):
         getattr(jn, layer)(**kwargs, dtype=jnp.float32).init(KEY, x)
+
+
+def _kernel_with_a_zero_unit(key, shape, dtype=jnp.float32):
+    return fnn.initializers.lecun_normal()(key, shape, dtype).at[..., 1].set(0)
+
+
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+def test_bounded_weight_norm_of_a_zero_initial_unit_is_refused_naming_it(framework):
+    """Bounded weight norm fixes each unit's norm at its initial one: a zero unit of the initial kernel
+    would output 0 for ever. Its init raised "rho must be finite and > 0" about a rho the user never
+    passed; now the units and the layer are named, at init / construction."""
+    with pytest.raises(ValueError, match=r"BoundedWeightNormDense: .*units \[1\] have norm 0.*kernel_init"):
+        if framework == "linen":
+            jn.BoundedWeightNormDense(3, kernel_init=_kernel_with_a_zero_unit).init(KEY, V2)
+        else:
+            jnnx.BoundedWeightNormDense(4, 3, kernel_init=_kernel_with_a_zero_unit, rngs=nnx.Rngs(0))
+
+
+def test_linen_topk_batch_norm_inits_on_one_devices_batch():
+    """``init`` drops ``axis_name``; with ``topk`` above one device's elements per feature it raised,
+    although training on the global batch under the mapped axis is well defined. It now normalizes that
+    batch with the initial running statistics, and training gives the global batch's numbers."""
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(8, 3)) * 2 + 1, jnp.float32)
+    per_device = x.reshape(4, 2, 3)
+    module = jn.BatchNorm(use_running_average=False, p="inf", topk=3, axis_name="d")
+    variables = module.init(KEY, per_device[0])  # 2 elements per feature < topk = 3
+    train = lambda xl: module.apply(variables, xl, mutable=["batch_stats"])
+    y, _ = jax.vmap(train, axis_name="d")(per_device)
+    np.testing.assert_allclose(y.reshape(8, 3), F.batch_norm(x, p="inf", topk=3), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="topk"):  # without axis_name the batch is all there is
+        jn.BatchNorm(use_running_average=False, p="inf", topk=3).init(KEY, per_device[0])

@@ -23,6 +23,7 @@ from jaxnorm.functional.normprop import RELU_MEAN, RELU_STD, normprop_relu
 from jaxnorm.functional.per_example import group_norm, instance_norm, layer_norm, rms_norm
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
+    bounded_weight_norm_rho,
     fans,
     project_to_norm,
     scaled_weight_norm,
@@ -41,6 +42,7 @@ __all__ = [
     "batch_norm",
     "batch_stats",
     "bounded_weight_norm",
+    "bounded_weight_norm_rho",
     "expected_topk_abs_normal",
     "fans",
     "group_norm",

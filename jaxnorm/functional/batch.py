@@ -56,13 +56,17 @@ def _statistics_size(
 
 
 def batch_gives_statistics(
-    shape: tuple[int, ...], features: tuple[int, ...], virtual_batch_size: int | None = None
+    shape: tuple[int, ...],
+    features: tuple[int, ...],
+    virtual_batch_size: int | None = None,
+    topk: int | None = None,
 ) -> bool:
     """Whether a batch of ``shape`` (feature axes ``features``) has the 2 elements per feature (per
-    ghost batch of ``virtual_batch_size`` along axis 0) that :func:`batch_moments` needs."""
+    ghost batch of ``virtual_batch_size`` along axis 0) that :func:`batch_moments` needs, and at least
+    ``topk`` of them where given."""
     if virtual_batch_size is not None and (virtual_batch_size < 1 or shape[0] % virtual_batch_size):
         return False  # (an invalid virtual_batch_size is reported by check_batch_options)
-    return _statistics_size(shape, features, virtual_batch_size) >= 2
+    return _statistics_size(shape, features, virtual_batch_size) >= max(2, topk or 0)
 
 
 def ghost_batches(x: jnp.ndarray, virtual_batch_size: int) -> jnp.ndarray:

@@ -119,6 +119,7 @@ def batch_norm_layer(
     out_dtype = _output_dtype(dtype, x, scale, bias)
     scale, bias = _expand(scale, shape), _expand(bias, shape)
     if use_running_average:
+        check_mask(mask, x)  # not used here (as in flax), but a wrong one is refused in evaluation too
         # in the running statistics' dtype, as flax.linen (the NNX module promotes them first, as flax.nnx)
         var = None if options.mean_only else running_var.reshape(shape)
         y = normalize(
@@ -367,6 +368,10 @@ def layer_norm_layer(
     (:func:`complex_per_example_layer`)."""
     check_floating(x, "x", allow_complex=True)
     axes = canonical_axes(reduction_axes, x.ndim, "reduction_axes")
+    if not axes:  # flax returns zeros (or the bias)
+        raise ValueError(
+            f"reduction_axes must name at least one axis to normalize over, got {reduction_axes!r}"
+        )
     shape = _feature_shape(x, canonical_axes(feature_axes, x.ndim, "feature_axes"))
     if jnp.iscomplexobj(x):
         reduction = ComplexReduction(

@@ -7,14 +7,16 @@ implementation, whatever reparametrization ``W`` it uses.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxnorm.functional.checks import check_compute_dtype, check_positive_int
 
-__all__ = ["apply_linear", "canonical_padding", "kernel_shape"]
+__all__ = ["apply_linear", "canonical_kernel_size", "canonical_padding", "canonical_window", "kernel_shape"]
 
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
 
@@ -25,11 +27,10 @@ def kernel_shape(
     """``(in, out)`` for Dense (``kernel_size=None``), ``(*kernel_size, in // groups, out)`` for Conv;
     every size a positive integer (a ``ValueError`` naming it)."""
     check_positive_int(features, "features")
-    if kernel_size is not None:
-        for size in kernel_size:
-            check_positive_int(size, f"kernel_size={tuple(kernel_size)!r}: every size")
     if kernel_size is None:
         return (in_features, features)
+    kernel_size = canonical_kernel_size(kernel_size)
+    feature_group_count = check_positive_int(feature_group_count, "feature_group_count")
     if in_features % feature_group_count or features % feature_group_count:
         raise ValueError(
             f"feature_group_count={feature_group_count} must divide the input ({in_features}) and output "
@@ -38,22 +39,43 @@ def kernel_shape(
     return (*kernel_size, in_features // feature_group_count, features)
 
 
+def canonical_kernel_size(kernel_size: int | Sequence[int]) -> tuple[int, ...]:
+    """``kernel_size`` as a tuple of positive ints (an int, Python or NumPy, is one spatial axis)."""
+    sizes = (kernel_size,) if _is_int(kernel_size) else _sequence(kernel_size, "kernel_size")
+    return tuple(check_positive_int(size, f"kernel_size={kernel_size!r}: every size") for size in sizes)
+
+
+def canonical_window(value: int | Sequence[int], rank: int, name: str) -> tuple[int, ...]:
+    """A convolution's ``strides``, ``input_dilation`` or ``kernel_dilation`` (``name``): one positive int
+    (Python or NumPy) for every spatial axis, or one per axis (``rank`` of them)."""
+    values = (value,) * rank if _is_int(value) else _sequence(value, name)
+    if len(values) != rank:
+        raise ValueError(f"{name}={value!r} must have one entry per spatial axis ({rank})")
+    return tuple(check_positive_int(v, f"{name}={value!r}: every entry") for v in values)
+
+
 def canonical_padding(padding: Padding, rank: int) -> str | list[tuple[int, int]]:
-    """'SAME' / 'VALID', an int, a sequence of ints or a sequence of (low, high) pairs."""
+    """'SAME' / 'VALID', an int (Python or NumPy), a sequence of ints or a sequence of (low, high) pairs."""
     if isinstance(padding, str):
         if padding.upper() not in ("SAME", "VALID"):
             raise ValueError(f"padding must be 'SAME', 'VALID', an int or pairs, got {padding!r}")
         return padding.upper()
-    if isinstance(padding, int):
-        return [(padding, padding)] * rank
-    pads = list(padding)
+    if _is_int(padding):
+        return [(int(padding), int(padding))] * rank
+    pads = _sequence(padding, "padding")
     if len(pads) != rank:
         raise ValueError(f"padding {padding!r} must have one entry per spatial axis ({rank})")
-    return [(p, p) if isinstance(p, int) else tuple(p) for p in pads]
+    return [(int(p), int(p)) if _is_int(p) else tuple(int(e) for e in p) for p in pads]
 
 
-def _as_tuple(value: int | Sequence[int], rank: int) -> tuple[int, ...]:
-    return (value,) * rank if isinstance(value, int) else tuple(value)
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _sequence(value: object, name: str) -> tuple:
+    if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}")
+    return tuple(value)
 
 
 def apply_linear(
@@ -84,12 +106,12 @@ def apply_linear(
         y = lax.conv_general_dilated(
             x,
             kernel,
-            window_strides=_as_tuple(strides, rank),
+            window_strides=canonical_window(strides, rank, "strides"),
             padding=canonical_padding(padding, rank),
-            lhs_dilation=_as_tuple(input_dilation, rank),
-            rhs_dilation=_as_tuple(kernel_dilation, rank),
+            lhs_dilation=canonical_window(input_dilation, rank, "input_dilation"),
+            rhs_dilation=canonical_window(kernel_dilation, rank, "kernel_dilation"),
             dimension_numbers=dimension_numbers,
-            feature_group_count=feature_group_count,
+            feature_group_count=check_positive_int(feature_group_count, "feature_group_count"),
         )
     if bias is not None:
         y = y + bias.astype(dtype)

@@ -20,6 +20,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm.functional.batch import batch_moments
 from jaxnorm.functional.checks import (
@@ -32,6 +33,7 @@ from jaxnorm.functional.checks import (
 
 __all__ = [
     "bounded_weight_norm",
+    "bounded_weight_norm_rho",
     "fans",
     "project_to_norm",
     "scaled_weight_norm",
@@ -207,6 +209,26 @@ def bounded_weight_norm(v: jnp.ndarray, rho: jnp.ndarray | float, *, epsilon: fl
     """
     check_positive_values(rho, "rho")
     return _project(v, rho, epsilon, "rho", "v")
+
+
+def bounded_weight_norm_rho(v: jnp.ndarray, *, per_unit: bool = True, layer: str = "v") -> jnp.ndarray:
+    """The bound ``rho`` that bounded weight norm fixes at initialisation (Hoffer et al., Sec. 4): the
+    L2 norm of each output unit of the initial kernel ``v`` (``per_unit``), or their mean (the paper's
+    scalar).
+
+    A unit of norm 0 would have ``rho = 0`` and output 0 forever, so a concrete ``v`` with one raises a
+    ``ValueError`` naming the units and ``layer`` (e.g. ``kernel_init=zeros``). Under ``jax.jit`` the
+    values cannot be checked: a jitted :func:`bounded_weight_norm` then keeps such a unit at 0, an eager
+    one refuses its ``rho`` of 0."""
+    norms = unit_norm(v)
+    if not isinstance(norms, jax.core.Tracer) and not np.all(np.asarray(norms) > 0):
+        zero_units = np.flatnonzero(~(np.asarray(norms) > 0)).tolist()
+        raise ValueError(
+            f"{layer}: the initial kernel's output units {zero_units} have norm 0, and bounded weight norm "
+            "fixes each unit's norm at its initial one (rho), so they would output 0 forever; use a "
+            "kernel_init that gives every unit a non-zero norm"
+        )
+    return norms if per_unit else jnp.mean(norms)
 
 
 def weight_standardization(

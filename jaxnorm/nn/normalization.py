@@ -26,7 +26,7 @@ from flax.typing import Dtype, Initializer
 from jaxnorm.functional import layers
 from jaxnorm.functional.batch import batch_gives_statistics
 from jaxnorm.functional.checks import PNorm, canonical_axes, check_bool, check_param_dtype
-from jaxnorm.functional.options import check_batch_options
+from jaxnorm.functional.options import BatchOptions, check_batch_options
 
 __all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm"]
 
@@ -35,9 +35,12 @@ Axes = int | Sequence[int]
 
 def _scale_and_bias(mdl: nn.Module, shape: tuple[int, ...]) -> tuple[Any, Any]:
     """Declare ``params/scale`` and ``params/bias`` as flax does (feature-shaped, param_dtype; RMSNorm has
-    no bias), after checking ``use_scale``, ``use_bias`` and ``param_dtype`` (flax takes any value's
-    truthiness, and integer parameters)."""
+    no bias), after checking ``use_scale``, ``use_bias``, ``param_dtype`` and the flags
+    ``use_fast_variance`` and ``force_float32_reductions`` (flax takes any value's truthiness, and
+    integer parameters)."""
     param_dtype = check_param_dtype(mdl.param_dtype)
+    for flag in ("use_fast_variance", "force_float32_reductions"):
+        check_bool(getattr(mdl, flag), flag)
 
     def declare(name: str, use: object, init: Initializer) -> Any:
         return mdl.param(name, init, shape, param_dtype) if check_bool(use, f"use_{name}") else None
@@ -45,6 +48,26 @@ def _scale_and_bias(mdl: nn.Module, shape: tuple[int, ...]) -> tuple[Any, Any]:
     scale = declare("scale", mdl.use_scale, mdl.scale_init)
     bias = declare("bias", mdl.use_bias, mdl.bias_init) if hasattr(mdl, "use_bias") else None
     return scale, bias
+
+
+def _init_batch_too_small(
+    shape: tuple[int, ...], feature_axes: tuple[int, ...], options: BatchOptions, axis_name: str | None
+) -> bool:
+    """Whether ``init`` (which takes no collective: ``axis_name`` is dropped there) must normalize its batch
+    with the initial running statistics: one example, or too few elements per feature without ghost
+    batches; with ``axis_name``, also fewer per feature on this device than ``topk`` (the global batch of
+    training may hold enough). A larger batch that is not a multiple of ``virtual_batch_size``, or
+    ``topk`` above the batch without ``axis_name``, is left to raise as it would in training."""
+    vbs = options.virtual_batch_size
+    if not batch_gives_statistics(shape, feature_axes, vbs) and (shape[0] == 1 or vbs is None):
+        return True
+    ghosts_fit = vbs is None or shape[0] % vbs == 0
+    return (
+        axis_name is not None
+        and options.topk is not None
+        and ghosts_fit
+        and not batch_gives_statistics(shape, feature_axes, vbs, topk=options.topk)
+    )
 
 
 class BatchNorm(nn.Module):
@@ -106,12 +129,9 @@ class BatchNorm(nn.Module):
         ra_var = self.variable("batch_stats", "var", jnp.ones, feature_shape, jnp.float32)
         scale, bias = _scale_and_bias(self, feature_shape)
         initializing = self.is_initializing()
-        vbs = options.virtual_batch_size
-        if initializing and not batch_gives_statistics(x.shape, feature_axes, vbs) and (
-            x.shape[0] == 1 or vbs is None
-        ):
-            # init needs the shapes only: a dummy batch too small for batch statistics (one example)
-            # is normalized with the initial running ones; any other batch is checked as in training
+        if initializing and _init_batch_too_small(x.shape, feature_axes, options, self.axis_name):
+            # init needs the shapes only: a dummy batch too small for batch statistics is normalized
+            # with the initial running ones; any other batch is checked as in training
             use_running_average = True
         out = layers.batch_norm_layer(
             x,

@@ -22,11 +22,12 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.checks import check_bool, check_param_dtype
+from jaxnorm.functional.checks import check_bool, check_epsilon, check_param_dtype
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
+    bounded_weight_norm_rho,
     scaled_weight_norm,
     unit_norm,
     weight_norm,
@@ -116,7 +117,12 @@ class _Conv(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kernel_size = (self.kernel_size,) if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
+        kernel_size = linear.canonical_kernel_size(self.kernel_size)
+        if x.ndim != len(kernel_size) + 2:
+            raise ValueError(
+                f"x must be (batch, *spatial, features) with {len(kernel_size)} spatial axes for "
+                f"kernel_size={self.kernel_size!r}, got x.shape={x.shape}"
+            )
         shape = linear.kernel_shape(x.shape[-1], self.features, kernel_size, self.feature_group_count)
         v = self.param("kernel", self.kernel_init, shape, check_param_dtype(self.param_dtype))
         kernel, bias = self._reparametrize(v, x)
@@ -144,6 +150,8 @@ class _WeightNorm(nn.Module):
     def _reparametrize(self, v, x):
         if self.g_init not in ("norm", "ones", "data"):
             raise ValueError(f"g_init must be 'norm', 'ones' or 'data', got {self.g_init!r}")
+        check_epsilon(self.epsilon)
+        check_epsilon(self.data_init_epsilon, "data_init_epsilon")
         init_bias = None
         if self.g_init == "norm":
             init_g = lambda *_: unit_norm(v, epsilon=self.epsilon)
@@ -194,8 +202,8 @@ class _BoundedWeightNorm(nn.Module):
 
     def _reparametrize(self, v, x):
         def init_rho():
-            norms = unit_norm(v)
-            return norms if check_bool(self.per_unit, "per_unit") else jnp.mean(norms)
+            per_unit = check_bool(self.per_unit, "per_unit")
+            return bounded_weight_norm_rho(v, per_unit=per_unit, layer=type(self).__name__)
 
         rho = self.variable("constants", "rho", init_rho)
         return bounded_weight_norm(v, rho.value, epsilon=self.epsilon), self._bias()

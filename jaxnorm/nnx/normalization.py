@@ -38,6 +38,7 @@ from jaxnorm.functional.checks import (
     check_floating,
     check_momentum,
     check_param_dtype,
+    check_positive_int,
 )
 from jaxnorm.functional.options import BatchOptions, check_batch_options
 from jaxnorm.nnx._variables import NO_METADATA, optional_param, value_or_none
@@ -65,6 +66,7 @@ class _Affine(nnx.Module):
     def _init_affine(self, num_features, *, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
                      scale_init, axis_name, axis_index_groups, use_fast_variance, promote_dtype, rngs,
                      bias_metadata, scale_metadata):
+        num_features = check_positive_int(num_features, "num_features")
         shape = (num_features,)
         # checked: flax.nnx takes any value's truthiness, and integer parameters
         use_scale, use_bias = check_bool(use_scale, "use_scale"), check_bool(use_bias, "use_bias")
@@ -80,7 +82,7 @@ class _Affine(nnx.Module):
         self.use_scale = use_scale
         self.axis_name = axis_name
         self.axis_index_groups = axis_index_groups
-        self.use_fast_variance = use_fast_variance
+        self.use_fast_variance = check_bool(use_fast_variance, "use_fast_variance")
         self.promote_dtype = promote_dtype
 
     def _promoted(
@@ -145,6 +147,7 @@ class BatchNorm(_Affine):
         options = check_batch_options(p, topk, calibration, virtual_batch_size, mean_only, use_fast_variance)
         self.p = options.p
         momentum = check_momentum(momentum)
+        num_features = check_positive_int(num_features, "num_features")
         self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
         self._init_affine(
@@ -398,6 +401,7 @@ class RMSNorm(nnx.Module):
         scale_metadata: Mapping[str, Any] = NO_METADATA,
     ):
         use_scale, param_dtype = check_bool(use_scale, "use_scale"), check_param_dtype(param_dtype)
+        num_features = check_positive_int(num_features, "num_features")
         self.scale = optional_param(use_scale, scale_init, (num_features,), param_dtype, rngs, scale_metadata)
         self.num_features = num_features
         self.epsilon = check_epsilon(epsilon)
@@ -409,7 +413,7 @@ class RMSNorm(nnx.Module):
         self.feature_axes = feature_axes
         self.axis_name = axis_name
         self.axis_index_groups = axis_index_groups
-        self.use_fast_variance = use_fast_variance
+        self.use_fast_variance = check_bool(use_fast_variance, "use_fast_variance")
         self.promote_dtype = promote_dtype
 
     def __call__(self, x, mask=None):

@@ -36,6 +36,7 @@ from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
     bounded_weight_norm,
+    bounded_weight_norm_rho,
     scaled_weight_norm,
     unit_norm,
     weight_norm,
@@ -110,8 +111,13 @@ class _Conv(_Dense):
     def _init_conv(self, in_features, out_features, kernel_size, strides, *, padding, input_dilation,
                    kernel_dilation, feature_group_count, use_bias, dtype, param_dtype, kernel_init, bias_init,
                    rngs, kernel_metadata, bias_metadata):
-        kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+        kernel_size = linear.canonical_kernel_size(kernel_size)
         check_positive_int(out_features, "out_features")
+        # checked here, where flax.nnx.Conv raises (or not) at the first call
+        for value, name in ((strides, "strides"), (input_dilation, "input_dilation"),
+                            (kernel_dilation, "kernel_dilation")):
+            linear.canonical_window(value, len(kernel_size), name)
+        linear.canonical_padding(padding, len(kernel_size))
         shape = linear.kernel_shape(in_features, out_features, kernel_size, feature_group_count)
         use_bias, param_dtype = check_bool(use_bias, "use_bias"), check_param_dtype(param_dtype)
         self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype), **kernel_metadata)
@@ -167,7 +173,7 @@ class _WeightNorm:
         self.scale = nnx.Param(jnp.asarray(g, self.param_dtype))
         self.g_init = g_init
         self.epsilon = check_epsilon(epsilon)
-        self.data_init_epsilon = data_init_epsilon
+        self.data_init_epsilon = check_epsilon(data_init_epsilon, "data_init_epsilon")
 
     def _effective_kernel(self):
         return weight_norm(self.kernel[...], self.scale[...], epsilon=self.epsilon)
@@ -219,9 +225,9 @@ class _BoundedWeightNorm:
     """
 
     def _init_bounded_weight_norm(self, per_unit, epsilon):
-        norms = unit_norm(self.kernel[...])
         per_unit = check_bool(per_unit, "per_unit")
-        self.rho = Constant(norms if per_unit else jnp.mean(norms))
+        rho = bounded_weight_norm_rho(self.kernel[...], per_unit=per_unit, layer=type(self).__name__)
+        self.rho = Constant(rho)
         self.per_unit = per_unit
         self.epsilon = check_epsilon(epsilon)
 
