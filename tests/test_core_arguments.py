@@ -344,7 +344,8 @@ MALFORMED = [
     case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(input_dilation=0), "input_dilation"),
     case(linen(jn.WSConv, X4, features=4, kernel_size=(3, 3)), (), dict(kernel_dilation=(1,)),
          "kernel_dilation"),
-    case(linen(jn.WSConv, X4, features=4), (), dict(kernel_size=3), "kernel_size"),  # one axis, x has 2
+    case(linen(jn.WSConv, X4, features=4), (), dict(kernel_size=3), "kernel_size"),  # as flax.linen
+    case(linen(jn.WSConv, X2, features=4), (), dict(kernel_size=(3, 3)), "x"),  # 1 spatial axis, 2 asked
     case(nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)), (), dict(strides=(1, 0)), "strides"),
     case(nnx_new(jnnx.WSConv, 2, 3, kernel_size=(3, 3)), (), dict(padding=(1, 1, 1)), "padding"),
     case(linen(jn.LayerNorm, X3), (), dict(reduction_axes=()), "reduction_axes"),

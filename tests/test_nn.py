@@ -235,6 +235,19 @@ def test_weight_norm_g_init_norm_equals_plain_layer_at_init():
     _close(F.unit_norm(F.weight_norm(v1["params"]["kernel"], v1["params"]["scale"])), 1.0, 1e-6)
 
 
+@pytest.mark.parametrize("shape", [(6, 6, 3), (2, 3, 6, 6, 3)], ids=["no batch axis", "two batch axes"])
+def test_weight_norm_conv_takes_flax_conv_batch_axes(shape):
+    """flax.linen.Conv takes input without a batch axis, or with several (flattened for the convolution);
+    the linen conv layers raised a raw XLA error there (the NNX ones already took both)."""
+    x = _x(shape)
+    wn = jn.WeightNormConv(4, (3, 3))
+    v = wn.init(KEY, x)
+    y_plain = fnn.Conv(4, (3, 3)).apply({"params": {k: v["params"][k] for k in ("kernel", "bias")}}, x)
+    y = wn.apply(v, x)
+    assert y.shape == y_plain.shape == (*shape[:-1], 4)
+    _close(y, y_plain, 1e-5)
+
+
 def test_weight_norm_data_dependent_init_standardizes_preactivations():
     x = _x((256, 10), loc=3.0, scale=4.0)
     layer = jn.WeightNormDense(6, g_init="data")

@@ -140,4 +140,4 @@ def complex_normalize(
     y = (x - mean) * factor
     if bias is not None:
         y = y + bias
-    return y.astype(dtype or x.dtype)
+    return y.astype(x.dtype if dtype is None else dtype)

@@ -16,7 +16,14 @@ from jax import lax
 
 from jaxnorm.functional.checks import check_compute_dtype, check_positive_int
 
-__all__ = ["apply_linear", "canonical_kernel_size", "canonical_padding", "canonical_window", "kernel_shape"]
+__all__ = [
+    "apply_linear",
+    "canonical_kernel_size",
+    "canonical_padding",
+    "canonical_window",
+    "is_int",
+    "kernel_shape",
+]
 
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
 
@@ -41,14 +48,14 @@ def kernel_shape(
 
 def canonical_kernel_size(kernel_size: int | Sequence[int]) -> tuple[int, ...]:
     """``kernel_size`` as a tuple of positive ints (an int, Python or NumPy, is one spatial axis)."""
-    sizes = (kernel_size,) if _is_int(kernel_size) else _sequence(kernel_size, "kernel_size")
+    sizes = (kernel_size,) if is_int(kernel_size) else _sequence(kernel_size, "kernel_size")
     return tuple(check_positive_int(size, f"kernel_size={kernel_size!r}: every size") for size in sizes)
 
 
 def canonical_window(value: int | Sequence[int], rank: int, name: str) -> tuple[int, ...]:
     """A convolution's ``strides``, ``input_dilation`` or ``kernel_dilation`` (``name``): one positive int
     (Python or NumPy) for every spatial axis, or one per axis (``rank`` of them)."""
-    values = (value,) * rank if _is_int(value) else _sequence(value, name)
+    values = (value,) * rank if is_int(value) else _sequence(value, name)
     if len(values) != rank:
         raise ValueError(f"{name}={value!r} must have one entry per spatial axis ({rank})")
     return tuple(check_positive_int(v, f"{name}={value!r}: every entry") for v in values)
@@ -60,15 +67,16 @@ def canonical_padding(padding: Padding, rank: int) -> str | list[tuple[int, int]
         if padding.upper() not in ("SAME", "VALID"):
             raise ValueError(f"padding must be 'SAME', 'VALID', an int or pairs, got {padding!r}")
         return padding.upper()
-    if _is_int(padding):
+    if is_int(padding):
         return [(int(padding), int(padding))] * rank
     pads = _sequence(padding, "padding")
     if len(pads) != rank:
         raise ValueError(f"padding {padding!r} must have one entry per spatial axis ({rank})")
-    return [(int(p), int(p)) if _is_int(p) else tuple(int(e) for e in p) for p in pads]
+    return [(int(p), int(p)) if is_int(p) else tuple(int(e) for e in p) for p in pads]
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """A Python or NumPy integer, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
@@ -91,20 +99,29 @@ def apply_linear(
     feature_group_count: int = 1,
     dtype: jnp.dtype | None = None,
 ) -> jnp.ndarray:
-    """``x @ kernel + bias`` (Dense) or the channels-last convolution of ``x`` with ``kernel`` (+ bias).
+    """``x @ kernel + bias`` (Dense) or the channels-last convolution of ``x`` with ``kernel`` (+ bias);
+    like flax's ``Conv``, ``x`` may have no batch axis or several (flattened into one for the convolution).
 
     Computed in ``dtype`` (default: the promotion of ``x``, ``kernel`` and ``bias``), as flax does.
     """
-    dtype = check_compute_dtype(dtype) or jnp.result_type(*[a for a in (x, kernel, bias) if a is not None])
+    dtype = check_compute_dtype(dtype)
+    if dtype is None:
+        dtype = jnp.result_type(*[a for a in (x, kernel, bias) if a is not None])
     x, kernel = x.astype(dtype), kernel.astype(dtype)
     if not conv:
         y = lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
     else:
         rank = kernel.ndim - 2
+        if x.ndim < rank + 1:
+            raise ValueError(
+                f"x must be ([*batch], *spatial, features) with {rank} spatial axes for a kernel of shape "
+                f"{kernel.shape} (kernel_size={kernel.shape[:rank]}), got x.shape={x.shape}"
+            )
+        batch_shape = x.shape[: x.ndim - rank - 1]  # none or several, flattened into one (as flax's Conv)
         spatial = "".join("HWDUVXYZ"[:rank])
         dimension_numbers = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
         y = lax.conv_general_dilated(
-            x,
+            x.reshape(-1, *x.shape[x.ndim - rank - 1 :]),
             kernel,
             window_strides=canonical_window(strides, rank, "strides"),
             padding=canonical_padding(padding, rank),
@@ -113,6 +130,7 @@ def apply_linear(
             dimension_numbers=dimension_numbers,
             feature_group_count=check_positive_int(feature_group_count, "feature_group_count"),
         )
+        y = y.reshape(*batch_shape, *y.shape[1:])
     if bias is not None:
         y = y + bias.astype(dtype)
     return y

@@ -91,7 +91,7 @@ def _scaled(
             y = y * scale
         if bias is not None:
             y = y + bias
-        return y.astype(dtype or x.dtype)
+        return y.astype(x.dtype if dtype is None else dtype)
     ones = jnp.ones((), jnp.result_type(x, mean))
     y = _affine(
         x,
@@ -101,7 +101,7 @@ def _scaled(
         jnp.zeros((), ones.dtype) if bias is None else bias,
         ones if unit is None else unit,
     )
-    return y.astype(dtype or x.dtype)
+    return y.astype(x.dtype if dtype is None else dtype)
 
 
 @jax.custom_jvp

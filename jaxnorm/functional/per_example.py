@@ -74,7 +74,7 @@ def per_example_norm(
     mask = check_mask(mask, x)
     check_broadcasts(scale, x.shape, "scale")
     check_broadcasts(bias, x.shape, "bias")
-    dtype = dtype or x.dtype
+    dtype = x.dtype if dtype is None else dtype
     tiny_groups = needs_tiny_unit(epsilon, stats_dtype(x))
     # the kernels with their own derivative keep no underflowing group in a unit: epsilon = 0 takes the
     # general path

@@ -117,10 +117,15 @@ class _Conv(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        if linear.is_int(self.kernel_size):  # flax.linen.Conv's rule: with several batch axes, a 1-D window
+            raise TypeError(
+                f"kernel_size must be a tuple of ints, one per spatial axis (e.g. (3, 3)), got "
+                f"{self.kernel_size!r}, as for flax.linen.Conv"
+            )
         kernel_size = linear.canonical_kernel_size(self.kernel_size)
-        if x.ndim != len(kernel_size) + 2:
+        if x.ndim < len(kernel_size) + 1:
             raise ValueError(
-                f"x must be (batch, *spatial, features) with {len(kernel_size)} spatial axes for "
+                f"x must be ([*batch], *spatial, features) with {len(kernel_size)} spatial axes for "
                 f"kernel_size={self.kernel_size!r}, got x.shape={x.shape}"
             )
         shape = linear.kernel_shape(x.shape[-1], self.features, kernel_size, self.feature_group_count)

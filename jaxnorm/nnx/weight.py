@@ -136,7 +136,8 @@ class _Conv(_Dense):
         self.param_dtype = param_dtype
 
     def _linear(self, x, kernel, bias=None):
-        """The convolution; like ``nnx.Conv``, ``x`` may have no batch axis or several (flattened here)."""
+        """The convolution; like ``nnx.Conv``, ``x`` may have no batch axis or several
+        (:func:`~jaxnorm.functional.linear.apply_linear`)."""
         rank = len(self.kernel_size)
         if x.ndim < rank + 1:
             raise ValueError(
@@ -144,13 +145,11 @@ class _Conv(_Dense):
                 f"kernel_size={self.kernel_size}, got x.shape={x.shape}"
             )
         self._check_input(x)
-        batch_shape = x.shape[: x.ndim - rank - 1]
-        y = linear.apply_linear(
-            x.reshape(-1, *x.shape[x.ndim - rank - 1 :]), kernel, bias, conv=True, strides=self.strides,
-            padding=self.padding, input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
+        return linear.apply_linear(
+            x, kernel, bias, conv=True, strides=self.strides, padding=self.padding,
+            input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
             feature_group_count=self.feature_group_count, dtype=self.dtype,
         )
-        return y.reshape(*batch_shape, *y.shape[1:])
 
 
 class _WeightNorm:
