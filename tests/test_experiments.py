@@ -250,3 +250,24 @@ def test_sweep_checks_every_run_before_any_trains(tmp_path):
     assert proc.stderr.startswith("error: run '126': config.dataset.batch_size=126 must be divisible")
     assert proc.stderr.count("\n") == 1
     assert not (tmp_path / "128").exists()  # nothing trained
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("num_steps=-3", r"config.num_steps must be an int >= 0, got -3"),  # fell back to num_epochs
+        ("max_to_keep=0", r"config.max_to_keep must be an int >= 1"),  # kept no checkpoint: resumed at 0
+        ("log_every=0", r"config.log_every must be an int >= 1"),  # ZeroDivisionError inside the loop
+        ("seed=-1", r"config.seed must be an int >= 0"),  # failed later, naming config.dataset
+        ("optimizer.learning_rate=-0.1", r"config.optimizer.learning_rate must be a finite number >= 0"),
+        ("optimizer.weight_decay=-0.1", r"config.optimizer.weight_decay must be a finite number >= 0"),
+        ("num_epochs=-1.0", r"config.num_epochs must be a finite number >= 0"),
+    ],
+)
+def test_loop_settings_out_of_range_fail_in_validate(override, message):
+    """Found by the training-engine fuzz of 2026-12-02: each was accepted and changed the run silently
+    (gradient ascent at a negative learning rate, no checkpoint kept, a negative step count read as
+    'use num_epochs') or failed inside the loop."""
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", f"--config.{override}"])
+    with pytest.raises(ValueError, match=message):
+        experiment.validate(config)

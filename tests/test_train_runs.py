@@ -178,21 +178,29 @@ def test_extension_is_explicit_and_keeps_the_schedule(tmp_path):
         _train(cosine, tmp_path)  # shorter is not an extension
 
 
-def test_unreadable_newest_checkpoint_falls_back_to_the_previous_one(finished, tmp_path, capsys):
+def _truncate_metadata(step_dir):
+    metadata = [os.path.join(d, f) for d, _, files in os.walk(step_dir) for f in files if f == "_METADATA"]
+    assert metadata
+    for path in metadata:
+        open(path, "w").close()
+
+
+def _empty(step_dir):
+    shutil.rmtree(step_dir)
+    os.makedirs(step_dir)
+
+
+@pytest.mark.parametrize("damage", [_truncate_metadata, _empty], ids=["truncated metadata", "empty dir"])
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous_one(finished, tmp_path, capsys, damage):
     """Issue 16.3: a truncated metadata file in the newest checkpoint stopped the run with a
-    TensorStore traceback although the previous checkpoint was intact."""
+    TensorStore traceback although the previous checkpoint was intact. An empty newest directory (a
+    copy cut short) made the intact previous one fail too (orbax's manager, once it had failed on the
+    empty one, could not restore the next: "no checkpoint can be restored (steps [8, 4])"); each
+    failure now gets a fresh manager."""
     workdir = tmp_path / "run"
     shutil.copytree(finished[0], workdir)
     os.remove(workdir / "summary.json")  # as if killed right after the last save
-    metadata = [
-        os.path.join(d, f)
-        for d, _, files in os.walk(workdir / "checkpoints" / "8")
-        for f in files
-        if f == "_METADATA"
-    ]
-    assert metadata
-    for path in metadata:
-        open(path, "w").close()  # truncated
+    damage(workdir / "checkpoints" / "8")
     capsys.readouterr()
     resumed = _train(SHORT, workdir)
     out = capsys.readouterr().out
@@ -265,3 +273,24 @@ def test_weight_norm_data_init_trains_with_a_rescaling_wrapper(wrappers):
     config["optimizer"] = {**SHORT["optimizer"], "wrappers": wrappers}
     result = train(config, model=model, train_data=train_src)
     assert np.isfinite(result.summary["train_loss"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"num_steps": -3},
+        {"max_to_keep": 0},
+        {"log_every": 0},
+        {"optimizer": {"name": "momentum", "learning_rate": -0.5}},
+        {"optimizer": {"name": "momentum", "learning_rate": float("nan")}},
+        {"optimizer": {"name": "momentum", "learning_rate": 0.1, "grad_clip_norm": -1.0}},
+    ],
+    ids=["num_steps", "max_to_keep", "log_every", "negative lr", "nan lr", "grad_clip_norm"],
+)
+def test_python_train_refuses_loop_settings_out_of_range(bad, tmp_path):
+    """``train`` from Python ran these (gradient ascent, no checkpoint kept, clipping silently off, a
+    negative step count read as one epoch); now the key is named before anything is written."""
+    key = "optimizer" if "optimizer" in bad else next(iter(bad))
+    with pytest.raises(ValueError, match=rf"config\.{key}"):
+        _train({**SHORT, **bad}, tmp_path)
+    assert not os.listdir(tmp_path)

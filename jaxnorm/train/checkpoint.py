@@ -32,9 +32,13 @@ class Checkpointer:
             raise ValueError(f"checkpoint every_steps must be >= 0, got {every_steps}")
         self.every_steps = every_steps
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(
+        self._max_to_keep = max_to_keep
+        self._manager = self._new_manager()
+
+    def _new_manager(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=True),
         )
 
     def latest_step(self) -> int | None:
@@ -92,6 +96,9 @@ class Checkpointer:
                     f"{reason}); falling back to the previous one"
                 )
                 failed.append(step)
+                # a fresh manager: one that failed on a step (an empty one) could not restore the next
+                self._manager.close()
+                self._manager = self._new_manager()
                 continue
             if failed:
                 self._set_aside(failed, primary)

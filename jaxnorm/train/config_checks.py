@@ -350,3 +350,32 @@ def check_optimizer_options(optimizer: Mapping[str, Any]) -> None:
             raise ValueError(f"config.optimizer.{option} must be a number, got {value!r}")
         if option == "projection_mask" and not isinstance(value, str):
             raise ValueError(f"config.optimizer.{option} must be a mask name (a str), got {value!r}")
+
+
+def _number(value: Any) -> bool:
+    real = isinstance(value, int | float | np.integer | np.floating)
+    return real and not isinstance(value, bool | np.bool_)
+
+
+def check_loop_settings(config: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming ``config.<key>`` for a loop setting or optimizer number out of range:
+    each of these was accepted and changed the run without a word (a negative ``num_steps`` fell back
+    to ``num_epochs``, ``max_to_keep=0`` kept no checkpoint, so a preempted run restarted from step 0, a
+    negative learning rate ran gradient ascent, a negative ``grad_clip_norm`` turned clipping off) or
+    failed inside the loop (``log_every=0``)."""
+    minimum = {"num_steps": 0, "seed": 0, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
+               "max_to_keep": 1}
+    for key, low in minimum.items():
+        value = config.get(key, low)
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < low:
+            raise ValueError(f"config.{key} must be an int >= {low}, got {value!r}")
+    epochs = config.get("num_epochs", 1.0)
+    if not _number(epochs) or not np.isfinite(epochs) or epochs < 0:
+        raise ValueError(f"config.num_epochs must be a finite number >= 0, got {epochs!r}")
+    optimizer = config.get("optimizer", {}) or {}
+    for key in ("learning_rate", "weight_decay", "grad_clip_norm"):
+        value = optimizer.get(key, 0.0)
+        if value is None and key == "grad_clip_norm":
+            continue
+        if not _number(value) or not np.isfinite(value) or value < 0:
+            raise ValueError(f"config.optimizer.{key} must be a finite number >= 0, got {value!r}")

@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
-from jaxnorm.train.config_checks import check_accumulation, check_init_examples
+from jaxnorm.train.config_checks import check_accumulation, check_init_examples, check_loop_settings
 from jaxnorm.train.data import BatchSource
 from jaxnorm.train.metrics import (
     MetricsWriter,
@@ -187,6 +187,7 @@ def train(
     """
     cfg = default_config()
     cfg.update(dict(config))
+    check_loop_settings(cfg)
     parallel = parallel or DataParallel(cfg.parallel)
     parallel.check_batch_size(train_data.global_batch_size)
     if eval_data is not None:
