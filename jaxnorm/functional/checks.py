@@ -16,13 +16,23 @@ import numpy as np
 PNorm = Literal[1, 2, "inf"]
 
 
+def is_int(value: object) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def is_real(value: object) -> bool:
+    """A Python or NumPy real number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def canonical_p(p: object, name: str = "p") -> PNorm:
     """Return ``1``, ``2`` or ``"inf"``; accepts ``float("inf")``, ``jnp.inf``, ``"inf"`` and NumPy
     scalars (``np.int64(2)``, e.g. from a config array)."""
     if isinstance(p, str):
         if p.lower() in ("inf", "infinity"):
             return "inf"
-    elif isinstance(p, numbers.Real) and not isinstance(p, bool | np.bool_):
+    elif is_real(p):
         if p == 1:
             return 1
         if p == 2:
@@ -61,7 +71,7 @@ def canonical_axes(axis: int | Sequence[int], ndim: int, name: str = "axis") -> 
         raise TypeError(f"{name} must be an int or a tuple of ints, got {axis!r}")
     out = []
     for a in axes:
-        if not isinstance(a, numbers.Integral) or isinstance(a, bool | np.bool_):
+        if not is_int(a):
             raise TypeError(f"{name} must be an int or a tuple of ints, got {axis!r}")
         a = int(a)
         if not -ndim <= a < ndim:
@@ -74,7 +84,7 @@ def canonical_axes(axis: int | Sequence[int], ndim: int, name: str = "axis") -> 
 
 def check_positive_int(value: object, name: str) -> int:
     """A positive Python or NumPy integer (not a bool), returned as an int."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool | np.bool_):
+    if not is_int(value):
         raise TypeError(f"{name} must be a positive int, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -120,7 +130,7 @@ def check_compute_dtype(value: object, name: str = "dtype") -> jnp.dtype | None:
 
 def check_momentum(value: object, name: str = "momentum") -> float:
     """A real number in [0, 1]."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number in [0, 1], got {value!r}")
     if not 0 <= value <= 1:
         raise ValueError(f"{name} must be in [0, 1] (the weight of the old running average), got {value!r}")
@@ -188,7 +198,7 @@ def num_groups_of(channels: int, num_groups: int | None, group_size: int | None)
 
 def check_epsilon(value: object, name: str = "epsilon") -> float:
     """A finite, non-negative real number (Python or NumPy scalar); returned as a float."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a non-negative real number, got {value!r}")
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite real number >= 0, got {value!r}")

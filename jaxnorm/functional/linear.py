@@ -7,21 +7,19 @@ implementation, whatever reparametrization ``W`` it uses.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxnorm.functional.checks import check_compute_dtype, check_positive_int
+from jaxnorm.functional.checks import check_compute_dtype, check_positive_int, is_int
 
 __all__ = [
     "apply_linear",
     "canonical_kernel_size",
     "canonical_padding",
     "canonical_window",
-    "is_int",
     "kernel_shape",
 ]
 
@@ -73,11 +71,6 @@ def canonical_padding(padding: Padding, rank: int) -> str | list[tuple[int, int]
     if len(pads) != rank:
         raise ValueError(f"padding {padding!r} must have one entry per spatial axis ({rank})")
     return [(int(p), int(p)) if is_int(p) else tuple(int(e) for e in p) for p in pads]
-
-
-def is_int(value: object) -> bool:
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
 def _sequence(value: object, name: str) -> tuple:

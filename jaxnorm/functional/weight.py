@@ -221,8 +221,9 @@ def bounded_weight_norm_rho(v: jnp.ndarray, *, per_unit: bool = True, layer: str
     values cannot be checked: a jitted :func:`bounded_weight_norm` then keeps such a unit at 0, an eager
     one refuses its ``rho`` of 0."""
     norms = unit_norm(v)
-    if not isinstance(norms, jax.core.Tracer) and not np.all(np.asarray(norms) > 0):
-        zero_units = np.flatnonzero(~(np.asarray(norms) > 0)).tolist()
+    traced = isinstance(norms, jax.core.Tracer)
+    zero_units = [] if traced else np.flatnonzero(~(np.asarray(norms) > 0)).tolist()
+    if zero_units:
         raise ValueError(
             f"{layer}: the initial kernel's output units {zero_units} have norm 0, and bounded weight norm "
             "fixes each unit's norm at its initial one (rho), so they would output 0 forever; use a "

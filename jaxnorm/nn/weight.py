@@ -22,7 +22,7 @@ from flax.linen import initializers
 from flax.typing import Dtype, Initializer
 
 from jaxnorm.functional import linear
-from jaxnorm.functional.checks import check_bool, check_epsilon, check_param_dtype
+from jaxnorm.functional.checks import check_bool, check_epsilon, check_param_dtype, is_int
 from jaxnorm.functional.magnitude import mp_weight
 from jaxnorm.functional.normprop import normprop_relu
 from jaxnorm.functional.weight import (
@@ -117,17 +117,12 @@ class _Conv(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        if linear.is_int(self.kernel_size):  # flax.linen.Conv's rule: with several batch axes, a 1-D window
+        if is_int(self.kernel_size):  # flax.linen.Conv's rule: with several batch axes, a 1-D window
             raise TypeError(
                 f"kernel_size must be a tuple of ints, one per spatial axis (e.g. (3, 3)), got "
                 f"{self.kernel_size!r}, as for flax.linen.Conv"
             )
         kernel_size = linear.canonical_kernel_size(self.kernel_size)
-        if x.ndim < len(kernel_size) + 1:
-            raise ValueError(
-                f"x must be ([*batch], *spatial, features) with {len(kernel_size)} spatial axes for "
-                f"kernel_size={self.kernel_size!r}, got x.shape={x.shape}"
-            )
         shape = linear.kernel_shape(x.shape[-1], self.features, kernel_size, self.feature_group_count)
         v = self.param("kernel", self.kernel_init, shape, check_param_dtype(self.param_dtype))
         kernel, bias = self._reparametrize(v, x)

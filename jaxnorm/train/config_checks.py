@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxnorm.functional.checks import is_int, is_real
+
 MODEL_KWARGS = "model.kwargs"
 """Where a run's model options live; ``--config.model.<option>`` is a shorthand for it."""
 
@@ -352,11 +354,6 @@ def check_optimizer_options(optimizer: Mapping[str, Any]) -> None:
             raise ValueError(f"config.optimizer.{option} must be a mask name (a str), got {value!r}")
 
 
-def _number(value: Any) -> bool:
-    real = isinstance(value, int | float | np.integer | np.floating)
-    return real and not isinstance(value, bool | np.bool_)
-
-
 def check_loop_settings(config: Mapping[str, Any]) -> None:
     """Raises ``ValueError`` naming ``config.<key>`` for a loop setting or optimizer number out of range:
     each of these was accepted and changed the run without a word (a negative ``num_steps`` fell back
@@ -367,15 +364,15 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
                "max_to_keep": 1}
     for key, low in minimum.items():
         value = config.get(key, low)
-        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < low:
+        if not is_int(value) or value < low:
             raise ValueError(f"config.{key} must be an int >= {low}, got {value!r}")
     epochs = config.get("num_epochs", 1.0)
-    if not _number(epochs) or not np.isfinite(epochs) or epochs < 0:
+    if not is_real(epochs) or not np.isfinite(epochs) or epochs < 0:
         raise ValueError(f"config.num_epochs must be a finite number >= 0, got {epochs!r}")
     optimizer = config.get("optimizer", {}) or {}
     for key in ("learning_rate", "weight_decay", "grad_clip_norm"):
         value = optimizer.get(key, 0.0)
         if value is None and key == "grad_clip_norm":
             continue
-        if not _number(value) or not np.isfinite(value) or value < 0:
+        if not is_real(value) or not np.isfinite(value) or value < 0:
             raise ValueError(f"config.optimizer.{key} must be a finite number >= 0, got {value!r}")
