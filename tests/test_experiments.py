@@ -271,3 +271,29 @@ def test_loop_settings_out_of_range_fail_in_validate(override, message):
     config = cli.load_config("fmnist_norms", ["--config.sweep.key=", f"--config.{override}"])
     with pytest.raises(ValueError, match=message):
         experiment.validate(config)
+
+
+def test_a_misspelt_key_in_a_config_file_fails_in_validate():
+    """A config file (not an override: the command line refuses those) with ``optimizer.learning_rat``
+    ran at the default learning rate; ``validate`` names the key and the one meant."""
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key="])
+    with config.optimizer.unlocked():
+        config.optimizer.learning_rat = 0.5
+    with pytest.raises(ValueError, match=r"config\.optimizer\.learning_rat\b.*config\.optimizer\.learning_rate"):
+        experiment.validate(config)
+
+
+def test_experiment_keys_are_the_loop_keys_and_the_experiment_sections():
+    """``train`` accepts an experiment's config: its known top-level keys are the loop's and these."""
+    from jaxnorm.train.config_checks import EXPERIMENT_KEYS, OPTIMIZER_KEYS
+    from jaxnorm.train.loop import default_config
+
+    assert set(experiment.experiment_defaults()) == set(default_config()) | set(EXPERIMENT_KEYS)
+    assert set(default_config().optimizer) <= set(OPTIMIZER_KEYS)
+
+
+def test_grad_clip_norm_from_the_command_line():
+    overrides = ["--config.sweep.key=", "--config.optimizer.grad_clip_norm=1.0"]
+    config = cli.load_config("fmnist_norms", overrides)
+    assert config.optimizer.grad_clip_norm == 1.0
+    experiment.validate(config)

@@ -5,6 +5,7 @@ fallback from an unreadable checkpoint, records and progress output."""
 import io
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -294,3 +295,45 @@ def test_python_train_refuses_loop_settings_out_of_range(bad, tmp_path):
     with pytest.raises(ValueError, match=rf"config\.{key}"):
         _train({**SHORT, **bad}, tmp_path)
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"optimizer": {"name": "momentum", "learning_rat": 0.5}}, "optimizer.learning_rat"),
+        ({"num_step": 3}, "num_step"),
+        ({"implicit_enorm": {"weigth": 1.0}}, "implicit_enorm.weigth"),
+        ({"optimizer": "sgd"}, "optimizer"),
+    ],
+    ids=["optimizer key", "loop key", "implicit_enorm key", "optimizer not a mapping"],
+)
+def test_python_train_refuses_a_key_it_does_not_read(bad, key, tmp_path):
+    """A misspelt key from Python was ignored: ``learning_rat=0.5`` trained at the default 0.1 without a
+    word (the command line refuses such a key; ``experiment.validate`` now too)."""
+    with pytest.raises(ValueError, match=rf"config\.{re.escape(key)}\b"):
+        _train({**SHORT, **bad}, tmp_path)
+    assert not os.listdir(tmp_path)
+
+
+def test_python_train_takes_numpy_scalars_as_numbers(tmp_path):
+    """``num_steps=np.int64(8)`` or a learning rate from ``np.logspace`` in float32 raised ml_collections'
+    "cannot be casted to type <class 'int'>"; they now train as their Python values."""
+    plain = {**SHORT, "optimizer": {**SHORT["optimizer"], "learning_rate": 0.25}}
+    numpy = {**plain, "num_steps": np.int64(8), "eval_every": np.int32(4)}
+    numpy["optimizer"] = {**plain["optimizer"], "learning_rate": np.float32(0.25)}
+    expected = _train(plain, tmp_path / "plain")
+    result = _train(numpy, tmp_path / "numpy")
+    assert int(result.state.step) == 8
+    assert _same(expected.state.params, result.state.params)
+
+
+def test_grad_clip_norm_is_a_loop_default_so_the_command_line_takes_it():
+    """``--config.optimizer.grad_clip_norm`` was refused by the command line (not among the defaults) although
+    docs/training.md lists it; a run recorded before it was a default still resumes (absent == 0.0)."""
+    from jaxnorm.train import default_config
+    from jaxnorm.train.run_record import config_differences
+
+    assert default_config().optimizer.grad_clip_norm == 0.0
+    old = default_config().to_dict()
+    del old["optimizer"]["grad_clip_norm"]
+    assert config_differences(old, default_config()) == {}

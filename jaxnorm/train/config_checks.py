@@ -331,6 +331,55 @@ OPTIMIZER_OPTIONS: dict[str, tuple[str, ...]] = {
 ignored silently, so :func:`check_optimizer_options` refuses them."""
 
 
+OPTIMIZER_KEYS = (
+    "name", "learning_rate", "momentum", "b1", "b2", "eps",
+    "schedule", "warmup_steps", "boundaries", "decay_factor", "end_value",
+    "weight_decay", "weight_decay_mask", "grad_clip_norm", "accumulate_steps", "transport_batch_stats",
+    "wrappers", "wrapper_kwargs", *OPTIMIZER_OPTIONS,
+)  # fmt: skip
+"""Every key the ``optimizer`` block may hold (``jaxnorm.train.optimizers``' module docstring)."""
+EXPERIMENT_KEYS = ("description", "workdir", "model", "dataset", "sweep", "distributed", "quick",
+                   "quick_steps", "quick_examples")  # fmt: skip
+"""The top-level keys an experiment config adds to the loop's (``experiment_defaults``); ``train``
+accepts them in its config and leaves them to the experiment runner."""
+
+
+def python_scalars(config: Any) -> Any:
+    """``config`` with every NumPy scalar (``np.int64(100)``, ``np.float32(0.1)``, e.g. from
+    ``np.logspace``) replaced by its Python value, nested mappings, lists and tuples walked: a
+    ``ConfigDict`` refuses to override an ``int`` with ``np.int64`` or a ``float`` with ``np.float32``."""
+    if isinstance(config, np.generic):
+        return config.item()
+    if _is_node(config):
+        return {key: python_scalars(value) for key, value in config.items()}
+    if type(config) in (list, tuple):  # a NamedTuple (an ENorm spec's junctions) is left as it is
+        return type(config)(python_scalars(value) for value in config)
+    return config
+
+
+def check_known_keys(config: Mapping[str, Any], loop_defaults: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming ``config.<key>`` for a key neither the loop (``loop_defaults``, its
+    own keys and those of its ``implicit_enorm`` block), the ``optimizer`` block (:data:`OPTIMIZER_KEYS`)
+    nor an experiment (:data:`EXPERIMENT_KEYS`) reads: the command line refuses such a key, and from
+    Python a misspelt one (``learning_rat``) used to be ignored, so the run trained with the default."""
+    known = {
+        "": (*loop_defaults, *EXPERIMENT_KEYS),
+        "optimizer.": OPTIMIZER_KEYS,
+        "implicit_enorm.": tuple(loop_defaults["implicit_enorm"]),
+    }
+    candidates = [prefix + key for prefix, keys in known.items() for key in keys]
+    for prefix, keys in known.items():
+        block = config.get(prefix[:-1]) or {} if prefix else config
+        if not _is_node(block):
+            raise ValueError(f"config.{prefix[:-1]} must be a mapping, got {block!r}")
+        for key in block.keys():
+            if key not in keys:
+                raise ValueError(
+                    f"config.{prefix}{key} is not a key of the training loop's config"
+                    + (suggestion(prefix + key, candidates) or f"; the keys are {sorted(keys)}")
+                )
+
+
 def check_optimizer_options(optimizer: Mapping[str, Any]) -> None:
     """Raises ``ValueError`` naming ``config.optimizer.<option>`` for an option that the chosen
     optimizer does not read (:data:`OPTIMIZER_OPTIONS`), or whose value has the wrong type."""

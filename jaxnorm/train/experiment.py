@@ -200,6 +200,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         data.resolve_augment(ds.name, ds.augment or None)
     except ValueError as e:
         raise ValueError(f"config.dataset.augment: {e}") from e
+    config_checks.check_known_keys(config, default_config())
     config_checks.check_loop_settings(config)
     config_checks.check_model_options(config)
     config_checks.check_batch_sizes(config, parallel.num_devices, jax.process_count())

@@ -34,7 +34,13 @@ import numpy as np
 
 from jaxnorm.train import plots
 from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
-from jaxnorm.train.config_checks import check_accumulation, check_init_examples, check_loop_settings
+from jaxnorm.train.config_checks import (
+    check_accumulation,
+    check_init_examples,
+    check_known_keys,
+    check_loop_settings,
+    python_scalars,
+)
 from jaxnorm.train.data import BatchSource
 from jaxnorm.train.metrics import (
     MetricsWriter,
@@ -117,6 +123,7 @@ def default_config() -> ml_collections.ConfigDict:
                 "schedule": "constant",
                 "weight_decay": 0.0,
                 "weight_decay_mask": "kernels",
+                "grad_clip_norm": 0.0,
                 "accumulate_steps": 1,
                 "transport_batch_stats": True,
             },
@@ -186,7 +193,8 @@ def train(
       finished is not trained again: its recorded summary is returned, marked ``recorded``.
     """
     cfg = default_config()
-    cfg.update(dict(config))
+    check_known_keys(config, cfg)
+    cfg.update(python_scalars(dict(config)))
     check_loop_settings(cfg)
     parallel = parallel or DataParallel(cfg.parallel)
     parallel.check_batch_size(train_data.global_batch_size)

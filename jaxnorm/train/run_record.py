@@ -73,6 +73,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "init_examples": 1,  # model.init's examples of the first batch (added 2026-11-24)
     "implicit_enorm.weight": 0.0,  # the implicit-ENorm params hook, off (added with issue 17)
     "implicit_enorm.lr_factor": 1.0,
+    "optimizer.grad_clip_norm": 0.0,  # listed in the defaults (so the command line takes it) 2026-12-02
 }
 # What a restart discards.
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", SUMMARY_FILE, "recorded_norms.npz")
