@@ -279,7 +279,7 @@ def test_a_misspelt_key_in_a_config_file_fails_in_validate():
     config = cli.load_config("fmnist_norms", ["--config.sweep.key="])
     with config.optimizer.unlocked():
         config.optimizer.learning_rat = 0.5
-    with pytest.raises(ValueError, match=r"config\.optimizer\.learning_rat\b.*config\.optimizer\.learning_rate"):
+    with pytest.raises(ValueError, match=r"optimizer\.learning_rat\b.*config\.optimizer\.learning_rate"):
         experiment.validate(config)
 
 
