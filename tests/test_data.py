@@ -71,6 +71,79 @@ def test_center_crop_and_augment_shapes():
         augment.apply("mixup", images, rng, train=True)
 
 
+@pytest.mark.parametrize("name", ["crop_flip", "colour_crop_flip", "cifar_nv_crop"])
+@pytest.mark.parametrize("shape", [(9, 7), (6, 20), (20, 6)], ids=str)
+def test_crops_of_non_square_images_keep_their_shape(name, shape):
+    """The crops took ``size = H`` for both sides: 9x7 images came out 9x9 (half of the new columns zero
+    padding), 6x20 as 6x6, 20x6 raised about a ``size`` the user never passed (fuzz of 2026-12-02).
+    Oracle: each training crop is a window of the zero-padded image of the expected size."""
+    h, w = shape
+    images = np.random.default_rng(0).integers(1, 256, (4, h, w, 3), dtype=np.uint8)
+    cut = 4 if name == "cifar_nv_crop" else 0
+    for train in (True, False):
+        out = augment.apply(name, images, np.random.default_rng(1), train=train)
+        assert out.shape == (4, h - cut, w - cut, 3)
+    crops = augment.random_crop(images, np.random.default_rng(2), size=(h, w), padding=3)
+    padded = np.pad(images, ((0, 0), (3, 3), (3, 3), (0, 0)))
+    for crop, full in zip(crops, padded, strict=True):
+        windows = np.lib.stride_tricks.sliding_window_view(full, (h, w), axis=(0, 1))
+        assert np.any(np.all(np.moveaxis(windows, 2, -1).reshape(-1, h, w, 3) == crop, axis=(1, 2, 3)))
+    assert augment.center_crop(images, (h - 2, w - 2)).shape == (4, h - 2, w - 2, 3)
+
+
+def test_a_square_crop_draws_as_before():
+    """``size=(h, w)`` of a square image draws the offsets the old ``size=h`` drew: runs stay the same."""
+    images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    one = augment.random_crop(images, np.random.default_rng(3), size=32, padding=4)
+    pair = augment.random_crop(images, np.random.default_rng(3), size=(32, 32), padding=4)
+    assert np.array_equal(one, pair)
+
+
+@pytest.mark.parametrize(("images", "labels", "stats", "match"), [
+    (np.full((10, 4, 4, 1), 0.5, np.float32), np.arange(10), {}, "images must be a uint8"),
+    (np.zeros((10, 4, 4), np.uint8), np.arange(10), {}, "images must be a uint8"),
+    (np.zeros((10, 4, 4, 1), np.uint8), np.arange(10.0), {}, "labels must be 10 integers"),
+    (np.zeros((10, 4, 4, 1), np.uint8), np.arange(9), {}, "labels must be 10 integers"),
+    (np.zeros((10, 4, 4, 1), np.uint8), np.arange(10), {"std": (0.0,)}, "std must be 1 finite number"),
+    (np.zeros((10, 4, 4, 1), np.uint8), np.arange(10), {"mean": (0.5, 0.5)}, "mean must be 1 finite"),
+    (np.zeros((10, 4, 4, 1), np.uint8), np.arange(10), {"mean": (np.nan,)}, "mean must be 1 finite"),
+], ids=["float images", "rank 3", "float labels", "label count", "zero std", "mean length", "nan mean"])
+def test_array_dataset_refuses_what_it_would_standardise_wrongly(images, labels, stats, match):
+    """Float images in [0, 1] were divided by 255 again (every pixel about -mean/std, no error); a zero
+    std gave Inf/NaN; float labels passed through although batches promise int32 (fuzz of 2026-12-02)."""
+    args = dict(mean=(0.5,), std=(0.25,), batch_size=2, train=True, seed=0, augment="none",
+                drop_remainder=True, process_index=0, process_count=1) | stats
+    with pytest.raises(ValueError, match=match):
+        data.ArrayDataset(images, labels, **args)
+    ok = data.ArrayDataset(np.zeros((10, 4, 4, 1), np.uint8), np.arange(10, dtype=np.int64),
+                           **(args | {"mean": 0.5, "std": 0.25}))
+    assert next(iter(ok.epoch(0)))["label"].dtype == np.int32
+
+
+def test_imagenet_takes_augment_none_as_its_error_message_says():
+    assert data.resolve_augment("imagenet2012", "none") == "none"
+    with pytest.raises(ValueError, match="does not apply"):
+        data.resolve_augment("imagenet2012", "crop_flip")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(train="no"), TypeError, "train must be True or False"),
+    (dict(train=True, drop_remainder="no"), TypeError, "drop_remainder must be True or False"),
+    (dict(train=True, data_dir=3), TypeError, "data_dir must be a path"),
+    (dict(name=["fashion_mnist"], train=True), ValueError, "name must be one of"),
+])
+def test_load_names_a_bad_flag_before_reading(kwargs, error, match, monkeypatch):
+    """``train='no'`` was checked only after the split was read, as ``shuffle``; ``data_dir=3`` raised
+    pathlib's own TypeError; a list name "unhashable type"."""
+    def no_read(*args, **kw):
+        raise AssertionError("the split was read before the arguments were checked")
+
+    monkeypatch.setattr(tfds_io, "read_arrays", no_read)
+    args = dict(name="fashion_mnist", split="test", batch_size=10) | kwargs
+    with pytest.raises(error, match=match):
+        data.load(args.pop("name"), args.pop("split"), **args)
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     (dict(padding=-1), "padding must be an integer >= 0"),
     (dict(padding=1.5), "padding must be an integer >= 0"),

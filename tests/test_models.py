@@ -295,6 +295,14 @@ def test_groups_for():
         (lambda: models.create("mlp", num_classes=True), "num_classes must be a positive int"),
         (lambda: models.create("mlp", num_classes=10, num_groups=True), "num_groups"),
         (lambda: models.create("resnet18", num_classes=10, width=2.5), "width"),
+        # found by the data / models fuzz of 2026-12-02: epsilon=True ran with epsilon 1, bn_momentum=False
+        # with momentum 0 (running statistics = the last batch); the others raised a raw TypeError
+        (lambda: models.create("mlp", num_classes=10, epsilon=True), "epsilon must be a finite number"),
+        (lambda: models.create("mlp", num_classes=10, bn_momentum=False), "bn_momentum must be a number"),
+        (lambda: models.create("mlp", num_classes=10, bn_momentum="0.9"), "bn_momentum must be a number"),
+        (lambda: models.create("mlp", num_classes=10, epsilon=None), "epsilon must be a finite number"),
+        (lambda: models.create("mlp", num_classes=10, kernel_init=["kaiming"]), "kernel_init must be one of"),
+        (lambda: models.create(["mlp"], num_classes=10), "name must be one of"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, match):

@@ -138,6 +138,45 @@ class ArraySource(Dataset):
         )
 
 
+def _image_split(images: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, int32 labels)`` of an image split; ``ValueError`` naming the argument unless the
+    images are a uint8 ``(N, H, W, C)`` array (:func:`standardize` divides by 255: float images in
+    ``[0, 1]`` would be divided again, silently) and the labels ``N`` integers."""
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise ValueError(
+            "images must be a uint8 (N, height, width, channels) array of values in [0, 255], got "
+            f"{images.dtype} of shape {images.shape}; for float images in [0, 1] pass "
+            "np.round(images * 255).astype(np.uint8), or use ArraySource, which does not standardise"
+        )
+    if labels.shape != images.shape[:1] or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"labels must be {images.shape[0]} integers (one per image), got {labels.dtype} of shape "
+            f"{labels.shape}"
+        )
+    return images, labels.astype(np.int32, copy=False)
+
+
+def _channel_statistic(name: str, value: object, channels: int, *, positive: bool) -> np.ndarray:
+    """``value`` as float32 ``(channels,)``; ``ValueError`` naming it unless it is ``channels`` finite
+    numbers or one for every channel (``> 0`` where ``positive``: a zero ``std`` made every pixel Inf
+    or NaN)."""
+    array = np.asarray(value)
+    array = np.broadcast_to(array, (channels,)) if array.ndim == 0 else array
+    low = " > 0" if positive else ""
+    if (
+        array.shape != (channels,)
+        or not np.issubdtype(array.dtype, np.number)
+        or np.issubdtype(array.dtype, np.complexfloating)
+        or not np.all(np.isfinite(array))
+        or (positive and not np.all(array > 0))
+    ):
+        raise ValueError(
+            f"{name} must be {channels} finite number(s){low}, one per channel, got {value!r}"
+        )
+    return array.astype(np.float32)
+
+
 class ArrayDataset(ArraySource):
     """A uint8 image split held in memory (MNIST, Fashion-MNIST, CIFAR), as :func:`jaxnorm.data.load`
     returns it: an :class:`ArraySource` over ``{"image", "label"}`` whose transform applies the
@@ -161,10 +200,11 @@ class ArrayDataset(ArraySource):
         process_count: int,
         prefetch_size: int = 2,
     ) -> None:
-        augment_lib.check_channels(augment, np.shape(images)[-1])
+        images, labels = _image_split(images, labels)
+        augment_lib.check_channels(augment, images.shape[-1])
         self.images, self.labels = images, labels
-        self.mean = np.asarray(mean, np.float32)
-        self.std = np.asarray(std, np.float32)
+        self.mean = _channel_statistic("mean", mean, images.shape[-1], positive=False)
+        self.std = _channel_statistic("std", std, images.shape[-1], positive=True)
         self.train, self.augment = train, augment
         super().__init__(
             {"image": images, "label": labels},

@@ -11,55 +11,74 @@ import numpy as np
 from jaxnorm.data.base import check_int
 
 
-def random_crop(images: np.ndarray, rng: np.random.Generator, *, size: int, padding: int) -> np.ndarray:
-    """Zero-pad by ``padding`` pixels on each side, then take a random ``size x size`` crop.
+def _images(images: np.ndarray) -> tuple[int, int, int]:
+    """``(B, H, W)`` of an NHWC batch; ``ValueError`` naming ``images`` for another rank."""
+    shape = np.shape(images)
+    if len(shape) != 4:
+        raise ValueError(f"images must be a (batch, height, width, channels) array, got shape {shape}")
+    return shape[0], shape[1], shape[2]
 
-    Each example gets its own offset, uniform over the ``H + 2 padding - size + 1`` positions per
-    axis (torchvision's ``RandomCrop(size, padding)``; He et al. 2016, Sec. 4.2, with size 32 and
-    padding 4).
+
+def _crop_size(size: object, limits: tuple[int, int], context: str) -> tuple[int, int]:
+    """``(height, width)`` of a crop given as one integer (a square) or a pair, each in ``[1, limit]``;
+    ``ValueError`` naming ``size``, the limits and ``context`` (the images and padding) otherwise."""
+    pair = tuple(size) if isinstance(size, tuple | list) else (size, size)
+    try:
+        if len(pair) != 2:
+            raise ValueError
+        return tuple(check_int("size", n, low=1, high=limit) for n, limit in zip(pair, limits, strict=True))
+    except ValueError:
+        raise ValueError(
+            f"size must be an integer or a (height, width) pair of integers in [1, {limits[0]}] x "
+            f"[1, {limits[1]}] for {context}, got {size!r}"
+        ) from None
+
+
+def random_crop(
+    images: np.ndarray, rng: np.random.Generator, *, size: int | tuple[int, int], padding: int
+) -> np.ndarray:
+    """Zero-pad by ``padding`` pixels on each side, then take a random ``size`` crop.
+
+    Each example gets its own offset, uniform over the ``H + 2 padding - height + 1`` positions
+    (and likewise along the width; torchvision's ``RandomCrop(size, padding)``; He et al. 2016,
+    Sec. 4.2, with size 32 and padding 4).
 
     Args:
       images: ``(B, H, W, C)``.
       rng: the source of the offsets.
-      size: crop height and width, an integer in ``[1, min(H, W) + 2 padding]``.
+      size: the crop's ``(height, width)``, each in ``[1, H + 2 padding]`` / ``[1, W + 2 padding]``;
+        one integer is a square crop.
       padding: zero border added first, an integer >= 0.
     """
-    b, h, w, _ = images.shape
+    b, h, w = _images(images)
     padding = check_int("padding", padding)
-    try:
-        size = check_int("size", size, low=1, high=min(h, w) + 2 * padding)
-    except ValueError:
-        raise ValueError(
-            f"size must be an integer in [1, {min(h, w) + 2 * padding}] for {h}x{w} images with "
-            f"padding={padding}, got {size!r}"
-        ) from None
+    height, width = _crop_size(
+        size, (h + 2 * padding, w + 2 * padding), f"{h}x{w} images with padding={padding}"
+    )
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
-    top = rng.integers(0, h + 2 * padding - size + 1, size=b)
-    left = rng.integers(0, w + 2 * padding - size + 1, size=b)
-    # A strided view of every window, (B, H', W', C, size, size): one gather picks each crop.
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (size, size), axis=(1, 2))
+    top = rng.integers(0, h + 2 * padding - height + 1, size=b)
+    left = rng.integers(0, w + 2 * padding - width + 1, size=b)
+    # A strided view of every window, (B, H', W', C, height, width): one gather picks each crop.
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (height, width), axis=(1, 2))
     return np.moveaxis(windows[np.arange(b), top, left], 1, -1)
 
 
 def random_flip(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Mirror each example horizontally with probability 1/2."""
+    _images(images)
     flip = rng.random(images.shape[0]) < 0.5
     out = images.copy()
     out[flip] = images[flip, :, ::-1]
     return out
 
 
-def center_crop(images: np.ndarray, size: int) -> np.ndarray:
-    """The central ``size x size`` window (offsets rounded down, as torchvision's ``CenterCrop``)."""
-    _, h, w, _ = images.shape
-    try:
-        size = check_int("size", size, low=1, high=min(h, w))
-    except ValueError:
-        raise ValueError(
-            f"size must be an integer in [1, {min(h, w)}] for {h}x{w} images, got {size!r}"
-        ) from None
-    top, left = (h - size) // 2, (w - size) // 2
-    return images[:, top : top + size, left : left + size]
+def center_crop(images: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
+    """The central ``size`` window, ``(height, width)`` or one integer for a square (offsets rounded
+    down, as torchvision's ``CenterCrop``)."""
+    _, h, w = _images(images)
+    height, width = _crop_size(size, (h, w), f"{h}x{w} images")
+    top, left = (h - height) // 2, (w - width) // 2
+    return images[:, top : top + height, left : left + width]
 
 
 COLOUR_JITTER = {"brightness": 32.0 / 255.0, "saturation": (0.5, 1.5), "hue": 0.2, "contrast": (0.5, 1.5)}
@@ -187,24 +206,28 @@ def _jitter(images: np.ndarray, factors: np.ndarray) -> np.ndarray:
 def apply(name: str, images: np.ndarray, rng: np.random.Generator, *, train: bool) -> np.ndarray:
     """Augmentation ``name`` (see :data:`jaxnorm.data.catalog.AUGMENTATIONS`) of a uint8 batch.
 
-    ``crop_flip``: random crop of the 4-pixel-padded image at the original size, then a flip
-    (training only). ``cifar_nv_crop``: random ``(H - 4)``-pixel crops of the 2-pixel-padded
+    ``crop_flip``: random crop of the 4-pixel-padded image at the original height and width, then a
+    flip (training only). ``cifar_nv_crop``: random ``(H - 4) x (W - 4)`` crops of the 2-pixel-padded
     image and a flip for training, the central crop of that size for evaluation: 28 x 28 on CIFAR
     (Stock et al. 2019, Sec. 6.2). ``colour_crop_flip``: Liu et al.'s CIFAR recipe (Supp. B.2):
     :func:`random_colour`, a random crop of the image zero-padded to ``H + 6`` (32 -> 38), a flip
     (training only). ``none``: the images as they are.
     """
-    h = images.shape[1]
+    _, h, w = _images(images)
     if name == "crop_flip":
-        return random_flip(random_crop(images, rng, size=h, padding=4), rng) if train else images
+        return random_flip(random_crop(images, rng, size=(h, w), padding=4), rng) if train else images
     if name == "colour_crop_flip":
         if not train:
             return images
-        return random_flip(random_crop(random_colour(images, rng), rng, size=h, padding=3), rng)
+        return random_flip(random_crop(random_colour(images, rng), rng, size=(h, w), padding=3), rng)
     if name == "cifar_nv_crop":
+        if min(h, w) <= 4:
+            raise ValueError(
+                f"augment='cifar_nv_crop' crops 4 pixels off images larger than 4x4, got {h}x{w}"
+            )
         if not train:
-            return center_crop(images, h - 4)
-        return random_flip(random_crop(images, rng, size=h - 4, padding=2), rng)
+            return center_crop(images, (h - 4, w - 4))
+        return random_flip(random_crop(images, rng, size=(h - 4, w - 4), padding=2), rng)
     if name == "none":
         return images
     raise ValueError(

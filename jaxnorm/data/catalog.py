@@ -89,9 +89,10 @@ def resolve_augment(name: str, augment: str | None) -> str:
     for an unknown one or one that does not apply to this dataset (``inception_crop_flip`` off
     ImageNet, ``colour_crop_flip`` on the 1-channel (Fashion-)MNIST)."""
     augment = spec(name).default_augment if augment is None else augment
-    if augment not in AUGMENTATIONS:
+    if not isinstance(augment, str) or augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {sorted(AUGMENTATIONS)}, got {augment!r}")
-    if (augment == "inception_crop_flip") != (name == "imagenet2012"):
+    imagenet = name == "imagenet2012"
+    if (augment == "inception_crop_flip") != imagenet and not (imagenet and augment == "none"):
         raise ValueError(
             f"augment={augment!r} does not apply to {name}: ImageNet uses "
             "'inception_crop_flip' (or 'none'), the others 'none', 'crop_flip', 'cifar_nv_crop', "
@@ -107,7 +108,7 @@ def names() -> tuple[str, ...]:
 
 def spec(name: str) -> _Spec:
     """Everything recorded about ``name``; ``ValueError`` listing the names if unknown."""
-    if name not in _SPECS:
+    if not isinstance(name, str) or name not in _SPECS:
         raise ValueError(f"name must be one of {sorted(_SPECS)}, got {name!r}")
     return _SPECS[name]
 

@@ -13,6 +13,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """``data_dir`` if given, else ``$JAXNORM_DATA_DIR``, else ``~/tensorflow_datasets``."""
     if data_dir is None:
         data_dir = os.environ.get(DATA_DIR_ENV) or "~/tensorflow_datasets"
+    if not isinstance(data_dir, str | os.PathLike):
+        raise TypeError(f"data_dir must be a path (a str or os.PathLike) or None, got {data_dir!r}")
     return Path(data_dir).expanduser()
 
 

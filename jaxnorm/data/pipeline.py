@@ -18,6 +18,7 @@ from jaxnorm.data.arrays import ArrayDataset, standardize
 from jaxnorm.data.base import Batch, Dataset, check_batch_size, check_int, check_processes
 from jaxnorm.data.imagenet import ImageNetDataset
 from jaxnorm.data.paths import resolve_data_dir
+from jaxnorm.functional.checks import check_bool
 
 __all__ = ["DERIVED_SPLITS", "ArrayDataset", "Batch", "Dataset", "load", "standardize", "tfds_split"]
 
@@ -146,11 +147,13 @@ def load(
       ValueError: unknown name, an augmentation that does not apply (``colour_crop_flip`` needs RGB
         images), a malformed split of a derived split, a negative seed or prefetch size, or an
         inconsistent batch / process setting; the message names the argument.
+      TypeError: ``train`` or ``drop_remainder`` not a bool, ``data_dir`` not a path.
       DatasetNotFoundError: the dataset is not prepared; the message names the apt package or
         the download it needs.
     """
     spec = catalog.spec(name)
     augment = catalog.resolve_augment(name, augment)
+    train, drop_remainder = check_bool(train, "train"), check_bool(drop_remainder, "drop_remainder")
     if process_index is None or process_count is None:
         import jax
 

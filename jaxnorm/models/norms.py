@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm import nn as jnn
+from jaxnorm.functional.checks import is_real
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -85,7 +86,11 @@ KERNEL_INITS: dict[str, Initializer] = {
 
 def check_choice(value: Any, choices: Any, argument: str) -> None:
     """Raise ``ValueError`` naming ``argument`` and the valid ``choices`` unless ``value`` is one."""
-    if value not in choices:
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value (a list) is no choice
+        known = False
+    if not known:
         raise ValueError(
             f"{argument} must be one of {sorted(choices)}, got {value!r}")
 
@@ -343,10 +348,10 @@ def norm_layers(
     for argument, value in (("num_groups", num_groups), ("topk", topk),
                             ("virtual_batch_size", virtual_batch_size)):
         check_count(value, argument)
-    if not 0.0 <= bn_momentum < 1.0:
-        raise ValueError(f"bn_momentum must lie in [0, 1), got {bn_momentum!r}")
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a positive float, got {epsilon!r}")
+    if not (is_real(bn_momentum) and 0.0 <= bn_momentum < 1.0):
+        raise ValueError(f"bn_momentum must be a number in [0, 1), got {bn_momentum!r}")
+    if not (is_real(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     return NormLayers(
         norm=norm, kernel_init=resolve_kernel_init(kernel_init), num_groups=num_groups,
         topk=topk, calibration=calibration, g_init=g_init,
