@@ -41,6 +41,7 @@ import argparse
 import functools
 import json
 import math
+import numbers
 import os
 import re
 from collections.abc import Sequence
@@ -48,7 +49,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.scripts.records import as_recorded, check_no_repeated_runs, parse_value, result_sets
+from experiments.scripts.records import (
+    as_recorded,
+    check_no_repeated_runs,
+    parse_value,
+    result_sets,
+    split_values,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -63,8 +70,16 @@ class Group(NamedTuple):
     n: int
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def from_values(values: Sequence[float]) -> Group:
-    """``Group`` of per-seed values (std with ddof = 1)."""
+    """``Group`` of per-seed values (std with ddof = 1). Equal values give exactly their value and std 0:
+    NumPy's mean and two-pass std leave rounding residues (1.4e-14 for three 90.1s) that Welch's test
+    would read as spread."""
+    if not isinstance(values, Sequence | np.ndarray) or not all(map(_is_number, values)):
+        raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
     v = np.asarray(values, dtype=float)
     if v.ndim != 1 or v.size == 0:
         raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
@@ -72,15 +87,35 @@ def from_values(values: Sequence[float]) -> Group:
         raise ValueError(
             f"values must be finite (a diverged seed has no accuracy to average), got {values!r}"
         )
-    return Group(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size))
+    if v.size < 2:
+        return Group(float(v[0]), math.nan, 1)
+    if np.all(v == v[0]):
+        return Group(float(v[0]), 0.0, int(v.size))
+    return Group(float(v.mean()), float(v.std(ddof=1)), int(v.size))
+
+
+def accuracy(run: dict, where: str) -> float:
+    """A finished run's ``eval_accuracy`` (a fraction in [0, 1]) in %; ``ValueError`` naming ``where``
+    for a missing, non-numeric or out-of-range one (a value already in % would average to 4540 %)
+    and for a preempted run (its accuracy is not the final one)."""
+    value = run.get("eval_accuracy") if isinstance(run, dict) else None
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{where}: eval_accuracy must be a fraction in [0, 1], got {value!r}")
+    if run.get("preempted"):
+        raise ValueError(
+            f"{where}: the run of seed {run.get('seed')} was preempted; its accuracy is not final"
+        )
+    return 100.0 * value
 
 
 def from_population_std(mean: float, std_ddof0: float, n: int) -> Group:
     """``Group`` from a mean and a population std (ddof = 0) over ``n`` seeds: ``s = std0 sqrt(n/(n-1))``."""
-    if not isinstance(n, int) or n < 2:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
         raise ValueError(f"n must be an int >= 2 to convert a population std, got {n!r}")
-    if std_ddof0 < 0:
-        raise ValueError(f"std_ddof0 must be >= 0, got {std_ddof0}")
+    if not _is_number(std_ddof0) or not math.isfinite(std_ddof0) or std_ddof0 < 0:
+        raise ValueError(f"std_ddof0 must be a finite number >= 0, got {std_ddof0!r}")
+    if not _is_number(mean) or not math.isfinite(mean):
+        raise ValueError(f"mean must be a finite number, got {mean!r}")
     return Group(float(mean), float(std_ddof0) * math.sqrt(n / (n - 1)), n)
 
 
@@ -92,8 +127,18 @@ def load_results(name: str) -> dict | list:
         with open(path) as f:
             return json.load(f)
     if os.path.isfile(path + "l"):
+        runs = []
         with open(path + "l") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    runs.append(json.loads(line))
+                except json.JSONDecodeError as e:  # a line a running sweep is still writing, say
+                    raise ValueError(
+                        f"{path}l line {number} is no JSON record ({e}): {line[:80]!r}"
+                    ) from None
+        return runs
     raise ValueError(f"no results file {path}[l] (results: {', '.join(sorted(available()))})")
 
 
@@ -105,7 +150,7 @@ def available() -> list[str]:
 def parse_point(text: str) -> dict[str, object]:
     """``"depth=2,lr=0.1"`` -> ``{"depth": 2, "lr": 0.1}`` (values as Python literals where they parse)."""
     point: dict[str, object] = {}
-    for item in filter(None, text.split(",")):
+    for item in filter(None, split_values(text)):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"a grid point looks like 'key=value,...', got {text!r}")
@@ -135,6 +180,12 @@ def sweep_runs(name: str, variant: str, point: dict[str, object]) -> list[dict]:
             f"{name}:{variant}@{point} would pool runs of different --set values; keep one sweep setting "
             "per results file, or make the setting a grid key"
         )
+    configs = sorted({str(r.get("config", "")) for r in chosen})
+    if len(configs) > 1:
+        raise ValueError(
+            f"{name}:{variant}@{point} would pool runs of the configs {configs}; keep one config per "
+            "results file"
+        )
     check_no_repeated_runs(chosen, f"{name}:{variant}@{point}")
     return chosen
 
@@ -147,10 +198,7 @@ def group(ref: str) -> Group:
     results = load_results(name)
     if isinstance(results, list):
         variant, _, point = key.partition("@")
-        runs = sweep_runs(name, variant, parse_point(point))
-        if not runs:
-            return Group(math.nan, math.nan, 0)
-        return from_values([100.0 * r["eval_accuracy"] for r in runs])
+        return runs_group(sweep_runs(name, variant, parse_point(point)), ref)
     if "groups" in results:
         entries = results["groups"]
         if key not in entries:
@@ -158,13 +206,25 @@ def group(ref: str) -> Group:
         entry = entries[key]
         if "values" in entry:
             return from_values(entry["values"])
+        missing = [field for field in ("mean", "std_ddof0", "n") if field not in entry]
+        if missing:
+            raise ValueError(
+                f"{ref!r}: a summary group holds 'values' or 'mean', 'std_ddof0', 'n'; no {missing}"
+            )
         return from_population_std(entry["mean"], entry["std_ddof0"], entry["n"])
     key, _, field = key.partition("#")
     if key not in results:
         raise ValueError(f"results {name!r} have no variant {key!r}; variants: {', '.join(results)}")
     if not field:
-        return from_values([100.0 * run["eval_accuracy"] for run in results[key]])
+        return from_values([accuracy(run, ref) for run in results[key]])
     return from_values([run_field(run, field, ref) for run in results[key]])
+
+
+def runs_group(runs: Sequence[dict], where: str) -> Group:
+    """The ``Group`` of finished runs' test accuracies in % (none yet: n = 0, "pending")."""
+    if not runs:
+        return Group(math.nan, math.nan, 0)
+    return from_values([accuracy(run, where) for run in runs])
 
 
 _FIELD = re.compile(r"^(acc|loss)@([1-9][0-9]*)$")
@@ -201,6 +261,8 @@ def linf_overestimate(n: int) -> float:
     ``C(n) * E[max_i |Z_i|]`` (``jaxnorm.functional.calibration``; 1 means calibrated)."""
     from jaxnorm.functional import expected_topk_abs_normal, linf_constant
 
+    if not _is_number(n) or n != int(n) or n < 1:
+        raise ValueError(f"the batch size of {{linf:N}} must be an integer >= 1, got {n!r}")
     count = np.float64(n)  # float64 constants under x64, float32 otherwise: same to 1e-4
     return float(linf_constant(count) * expected_topk_abs_normal(count))
 
@@ -219,10 +281,15 @@ def fmt_group(g: Group) -> str:
 
 
 def fmt_p(p: float) -> str:
-    """A p-value for the table (``p n/a`` where the test is undefined)."""
+    """A p-value for the table (``p n/a`` where the test is undefined): two decimals, three below 0.01
+    and where two would print 0.05, so that the text never puts p on the wrong side of the 0.05 the
+    verdicts use."""
     if math.isnan(p):
         return "p n/a"
-    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
+    if p < 0.001:
+        return "p < 0.001"
+    text = f"{p:.3f}" if p < 0.01 or f"{p:.2f}" == "0.05" else f"{p:.2f}"  # 0.0485 and 0.0528: not "0.05"
+    return "p < 0.05" if p < 0.05 <= float(text) else f"p = {text}"
 
 
 def fmt_difference(ref_a: str, ref_b: str) -> str:
@@ -241,6 +308,11 @@ def curve(ref: str) -> list[tuple[int, float]]:
     if not runs or "curve" not in runs[0]:
         raise ValueError(f"{ref!r} is no grid.py variant with evaluation curves")
     steps = [step for step, _ in runs[0]["curve"]]
+    for run in runs:  # averaging by position would pair evaluations of different steps
+        if [step for step, _ in run.get("curve", ())] != steps:
+            raise ValueError(
+                f"{ref!r}: the seeds were evaluated at different steps; a mean curve needs the same"
+            )
     acc = np.array([[a for _, a in run["curve"]] for run in runs]) * 100.0
     return list(zip(steps, acc.mean(axis=0).tolist(), strict=True))
 
@@ -262,21 +334,31 @@ def sweep_table(name: str, row_keys: str, chosen_key: str = "") -> str:
         return "(pending: no finished run yet)"
     keys = row_keys.split(",")
     variants = list(dict.fromkeys(r["variant"] for r in runs))
-    rows = sorted({tuple(r["grid"][k] for k in keys) for r in runs if all(k in r["grid"] for k in keys)})
+    # One row per recorded point: 1 and 1.0 are two points (the runs select by the recorded value).
+    points = {
+        tuple(as_recorded(r["grid"][k]) for k in keys): tuple(r["grid"][k] for k in keys)
+        for r in runs
+        if all(k in r["grid"] for k in keys)
+    }
+    rows = [points[k] for k in sorted(points, key=lambda k: tuple(map(_sort_key, points[k])))]
     header = " | ".join(k.rsplit(".", 1)[-1] for k in keys)
     lines = [f"| {header} | " + " | ".join(variants) + " |", "| --- " * (len(keys) + len(variants)) + "|"]
     for row in rows:
-        point = ",".join(f"{k}={v!r}" for k, v in zip(keys, row, strict=True))
+        point = dict(zip(keys, row, strict=True))
         cells = []
         for variant in variants:
-            g = group(f"{name}:{variant}@{point}")
-            chosen = sorted(
-                {repr(r["grid"].get(chosen_key)) for r in sweep_runs(name, variant, parse_point(point))}
-            )
+            selected = sweep_runs(name, variant, point)
+            g = runs_group(selected, f"{name}:{variant}@{point}")
+            chosen = sorted({repr(r["grid"].get(chosen_key)) for r in selected})
             at = f", {chosen_key.rsplit('.', 1)[-1]} {'/'.join(chosen)}" if chosen_key and chosen else ""
             cells.append(f"{fmt_group(g)} (n {g.n}{at})")
         lines.append("| " + " | ".join(map(str, row)) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _sort_key(value: object) -> tuple:
+    """Numbers in numeric order first, then anything else by its text (None, strings, lists)."""
+    return (0, float(value), "") if _is_number(value) else (1, 0.0, repr(value))
 
 
 _PLACEHOLDER = re.compile(r"\{(m|d|dcurve|linf|sweep):([^{}]+)\}")
@@ -305,7 +387,7 @@ def render(template: str) -> str:
             if len(parts) not in (2, 3):
                 raise ValueError(f"a sweep table takes 'NAME|ROW_KEYS[|CHOSEN_KEY]', got {arg!r}")
             return sweep_table(*parts)
-        return f"{linf_overestimate(int(arg)):.2f}"
+        return f"{linf_overestimate(parse_value(arg)):.2f}"
 
     return _PLACEHOLDER.sub(substitute, template)
 

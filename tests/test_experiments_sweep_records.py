@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from fmnist import needs_fmnist
 from test_experiments_resume import TINY
@@ -137,6 +138,102 @@ def test_analysis_counts_a_seed_once_and_refuses_to_pool_settings(tmp_path, monk
             analysis.group("mixed:bn")
     finally:
         analysis.load_results.cache_clear()
+
+
+@pytest.fixture
+def results_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(analysis, "RESULTS_DIR", str(tmp_path))
+    analysis.load_results.cache_clear()
+    yield tmp_path
+    analysis.load_results.cache_clear()
+
+
+def _use(results_dir, name, rows):
+    _write(results_dir / f"{name}.jsonl", rows)
+    analysis.load_results.cache_clear()
+
+
+def test_analysis_refuses_to_pool_configs(results_dir):
+    """Runs of two configs in one results file were one group (vgg 0.9 / 0.8 and resnet 0.5 / 0.4 gave
+    65.0 ± 23.8, n 4; fuzz of 2026-12-02); a seed under both configs was not even a repeat."""
+    runs = [_run("a", 0, 0.9), _run("a", 1, 0.8), {**_run("a", 0, 0.5), "config": "resnet"}]
+    _use(results_dir, "cfg", runs)
+    with pytest.raises(ValueError, match=r"pool runs of the configs \['c', 'resnet'\]"):
+        analysis.group("cfg:a")
+    _use(results_dir, "one", runs[:2])
+    assert analysis.group("one:a") == analysis.Group(85.0, pytest.approx(7.0710678), 2)
+
+
+def test_equal_values_have_no_spread_whatever_their_rounding(results_dir):
+    """np.std of three 90.1s is 1.4e-14, not 0: Welch's test then gave p < 0.001 for constant 90.1 vs
+    constant 80.0 where constant 90.0 vs 80.0 gave 'p n/a' (no test possible)."""
+    for value in (90.0, 90.1, 0.7 * 100, 1 / 3):
+        g = analysis.from_values([value] * 3)
+        assert g.std == 0.0 and g.mean == value
+        assert np.isnan(analysis.welch(g, analysis.from_values([80.0] * 3))[1])
+    with pytest.raises(ValueError, match="list of numbers"):
+        analysis.from_values(["80", "81"])
+    with pytest.raises(ValueError, match="list of numbers"):
+        analysis.from_values([True, 0.9])
+
+
+def test_p_values_never_print_on_the_wrong_side_of_0_05():
+    """0.0496 printed as 'p = 0.05' (read as not significant), 0.0485 too: the write-up said p = 0.05
+    for two differences with p < 0.05."""
+    assert analysis.fmt_p(0.0485) == "p = 0.048" or analysis.fmt_p(0.0485) == "p = 0.049"
+    assert analysis.fmt_p(0.0528) == "p = 0.053"
+    assert analysis.fmt_p(0.04996) == "p < 0.05"
+    assert analysis.fmt_p(0.0312) == "p = 0.03" and analysis.fmt_p(0.2) == "p = 0.20"
+    for p in np.linspace(0.001, 0.2, 4001):
+        text = analysis.fmt_p(float(p)).split()[-1]
+        assert (p < 0.05) == (float(text) < 0.05 or analysis.fmt_p(float(p)) == "p < 0.05"), p
+
+
+def test_sweep_table_keeps_int_and_float_points_apart_and_finds_nan_points(results_dir):
+    """lr 1 and 1.0 were one row showing two of three runs (80.00 ± 14.14, n 2; oracle 3 runs over two
+    recorded points); a NaN grid value showed 'pending (n 0)' although its runs exist."""
+    _use(results_dir, "lr", [_run("a", 0, 0.9, {"lr": 1}), _run("a", 1, 0.7, {"lr": 1}),
+                             _run("a", 0, 0.8, {"lr": 1.0}), _run("a", 0, 0.6, {"lr": float("nan")})])
+    table = analysis.sweep_table("lr", "lr")
+    rows = table.splitlines()[2:]
+    assert len(rows) == 3
+    assert "80.00 ± 14.14 (n 2)" in rows[0] and "80.00 (n 1)" in rows[1] and "60.00 (n 1)" in rows[2]
+    assert "pending" not in table
+
+
+def test_records_the_analysis_cannot_read_are_named(results_dir):
+    """An accuracy in % (90.0: a mean of 4540), a preempted run, a half-written line of a running sweep
+    (a JSONDecodeError without the file) and a summary group without its std were averaged or raised
+    raw errors."""
+    _use(results_dir, "pct", [_run("a", 0, 90.0)])
+    with pytest.raises(ValueError, match=r"eval_accuracy must be a fraction in \[0, 1\], got 90.0"):
+        analysis.group("pct:a")
+    _use(results_dir, "pre", [{**_run("a", 0, 0.9), "preempted": True}])
+    with pytest.raises(ValueError, match="preempted"):
+        analysis.group("pre:a")
+    (results_dir / "cut.jsonl").write_text(json.dumps(_run("a", 0, 0.9)) + "\n" + '{"variant": "a", "se')
+    analysis.load_results.cache_clear()
+    with pytest.raises(ValueError, match=r"cut.jsonl line 2 is no JSON record"):
+        analysis.group("cut:a")
+    (results_dir / "summary.json").write_text(json.dumps({"groups": {"g": {"mean": 80.0, "n": 3}}}))
+    with pytest.raises(ValueError, match=r"no \['std_ddof0'\]"):
+        analysis.group("summary:g")
+    with pytest.raises(ValueError, match="batch size"):
+        analysis.render("{linf:0}")
+
+
+def test_mean_curves_need_the_same_evaluation_steps(results_dir):
+    """Seeds evaluated at steps [10, 20] and [15, 30] were averaged position by position and labelled
+    with the first seed's steps."""
+    runs = {"a": [{"eval_accuracy": 0.5, "curve": [[10, 0.2], [20, 0.8]]},
+                  {"eval_accuracy": 0.5, "curve": [[15, 0.4], [30, 0.9]]}]}
+    (results_dir / "curves.json").write_text(json.dumps(runs))
+    with pytest.raises(ValueError, match="different steps"):
+        analysis.curve("curves:a")
+
+
+def test_a_group_point_with_a_tuple_value():
+    assert analysis.parse_point("w=(8, 16),lr=0.1") == {"w": (8, 16), "lr": 0.1}
 
 
 def test_grid_values_split_at_top_level_commas_and_long_keys_fit_a_directory_name():
