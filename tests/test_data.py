@@ -1,6 +1,7 @@
 """Data: augmentations against brute-force oracles, pipelines on tfds mock data, real Fashion-MNIST."""
 
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -637,3 +638,13 @@ def test_random_colour_is_the_same_in_tasks_of_any_size(monkeypatch, batch):
     rng = np.random.default_rng(11)
     rng.uniform(size=4 * batch)  # the four per-example draws and nothing else
     assert rng.uniform() == results[0][1]
+
+
+@pytest.mark.parametrize(("split", "match"), [
+    ("test[5:3]", "selects no examples"),  # TensorFlow: "expected to contain -2 elements"
+    ("test[:0]", "selects no examples"),  # TFDS: "Instruction [] corresponds to no data!"
+    ("tset", "Unknown split 'tset'"),
+])
+def test_a_split_that_selects_nothing_is_named_before_reading(fashion_dir, split, match):
+    with pytest.raises(ValueError, match=rf"split={re.escape(repr(split))} of fashion_mnist.*{match}"):
+        data.load("fashion_mnist", split, batch_size=10, train=False, data_dir=fashion_dir)

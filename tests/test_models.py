@@ -318,15 +318,20 @@ def test_bad_arguments_raise_clear_errors(call, match):
     ],
 )
 def test_bad_resnet_options(kwargs, match):
-    model = models.create("resnet18", num_classes=10, width=2, **kwargs)
+    """Refused by ``create`` (where the model is made), not first at ``init`` (fuzz of 2026-12-02)."""
     with pytest.raises(ValueError, match=match):
-        model.init(KEY, jnp.ones((1, 8, 8, 3)), train=False)
+        models.create("resnet18", num_classes=10, width=2, **kwargs)
 
 
-def test_bad_wrn_depth():
-    model = models.create("wrn28_10", num_classes=10, depth=12)
-    with pytest.raises(ValueError, match="depth"):
-        model.init(KEY, jnp.ones((1, 8, 8, 3)), train=False)
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(depth=12), "depth must be 6 n \\+ 4"),
+    (dict(depth=0), "depth must be 6 n \\+ 4"),
+    (dict(dropout_rate="0.3"), "dropout_rate must be a number"),  # a raw "'<=' not supported" before
+    (dict(dropout_rate=None), "dropout_rate must be a number"),
+])
+def test_bad_wrn_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        models.create("wrn28_10", num_classes=10, **kwargs)
 
 
 def test_scaled_weight_norm_gains():

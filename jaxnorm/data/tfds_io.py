@@ -77,6 +77,18 @@ def as_dataset(ds_builder, split: str, **kwargs):
         raise missing_error(ds_builder.name, ds_builder.data_dir) from error
 
 
+def check_split(ds_builder, split: str) -> None:
+    """``ValueError`` naming ``split`` where TFDS cannot read it (an unknown split or slice syntax) or
+    it selects no examples (``test[5:3]``, ``test[:0]``), before TensorFlow reads anything: TensorFlow
+    itself says "expected to contain -2 elements" or "Instruction [] corresponds to no data"."""
+    try:
+        count = ds_builder.info.splits[split].num_examples
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"split={split!r} of {ds_builder.name}: {error}") from None
+    if count <= 0:
+        raise ValueError(f"split={split!r} of {ds_builder.name} selects no examples")
+
+
 @functools.lru_cache(maxsize=8)
 def read_arrays(name: str, split: str, data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """Split ``split`` of ``name`` as read-only ``(uint8 images (N, H, W, C), int32 labels (N,))``,
@@ -84,7 +96,9 @@ def read_arrays(name: str, split: str, data_dir: Path) -> tuple[np.ndarray, np.n
     import tensorflow_datasets as tfds
 
     tf = tensorflow()
-    ds = as_dataset(builder(name, data_dir), split, shuffle_files=False)
+    ds_builder = builder(name, data_dir)
+    check_split(ds_builder, split)
+    ds = as_dataset(ds_builder, split, shuffle_files=False)
     ds = ds.batch(8192).prefetch(tf.data.AUTOTUNE)
     chunks = list(tfds.as_numpy(ds))
     if not chunks:

@@ -90,14 +90,17 @@ class ResNet(nn.Module):
     shortcut: str = "B"
     final_bn: bool = False
 
-    @nn.compact
-    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    def __post_init__(self) -> None:  # checked where the model is made, not at its first init
         check_choice(self.stem, STEMS, "stem")
         check_choice(self.shortcut, SHORTCUTS, "shortcut")
         if len(self.stage_sizes) != len(self.widths):
             raise ValueError(
                 f"stage_sizes and widths must have the same length, got {self.stage_sizes} "
                 f"and {self.widths}")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
         layers = self.layers
         if self.stem == "imagenet":
             x = layers.conv(x, self.widths[0], 7, strides=2, train=train, name="stem")

@@ -34,7 +34,8 @@ class VGG(nn.Module):
       num_classes: output units.
       layers: the normalization's layer factory.
       config: channels per conv, :data:`POOL` for a max-pool.
-      width_multiplier: scales every conv's channel count (1.0 = the paper; small for tests).
+      width_multiplier: scales every conv's channel count, rounded to the nearest integer and at least 1
+        (1.0 = the paper; small for tests).
       final_bn: add a BatchNorm after the classifier.
     """
 

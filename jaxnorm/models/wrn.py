@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxnorm.functional.checks import is_int, is_real
 from jaxnorm.models.norms import NormLayers
 
 
@@ -69,12 +70,15 @@ class WideResNet(nn.Module):
     dropout_rate: float = 0.0
     final_bn: bool = False
 
+    def __post_init__(self) -> None:  # checked where the model is made, not at its first init
+        if not is_int(self.depth) or self.depth < 10 or (self.depth - 4) % 6:
+            raise ValueError(f"depth must be 6 n + 4 with n >= 1, got {self.depth!r}")
+        if not (is_real(self.dropout_rate) and 0.0 <= self.dropout_rate < 1.0):
+            raise ValueError(f"dropout_rate must be a number in [0, 1), got {self.dropout_rate!r}")
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-        if self.depth < 10 or (self.depth - 4) % 6:
-            raise ValueError(f"depth must be 6 n + 4 with n >= 1, got {self.depth}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate must lie in [0, 1), got {self.dropout_rate}")
         layers = self.layers
         blocks = (self.depth - 4) // 6
         x = layers.conv(x, 16, 3, train=train, name="stem", act=False, normalize=False)
