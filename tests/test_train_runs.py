@@ -238,6 +238,24 @@ def test_preemption_marks_the_summary_partial(tmp_path):
     assert resumed.summary["resumed_from_step"] == 6 and resumed.summary["preempted"] is False
 
 
+def test_a_preempted_and_resumed_run_writes_the_records_of_an_uninterrupted_one(finished, tmp_path):
+    """The flush at a preemption (step 6) added ``wnorm/*`` / ``eff_lr/*`` to that step's record, which
+    an uninterrupted run does not have there (found 2026-12-02): weight norms are recorded at the
+    ``log_every`` steps and the last step only, whatever flushed the records."""
+    train_src, _ = _sources()
+    _train(SHORT, tmp_path, CrashAt(train_src, 5, "sigterm"))
+    _train(SHORT, tmp_path)
+
+    def shape(workdir):
+        return [(r["step"], r["split"], sorted(k for k in r if k != "wall_time"))
+                for r in read_jsonl(str(workdir / "metrics.jsonl"))]
+
+    reference = shape(finished[0])
+    assert shape(tmp_path) == reference
+    norm_steps = [step for step, _, keys in reference if any(k.startswith("wnorm/") for k in keys)]
+    assert norm_steps == [5, 8]  # log_every 5 and the end; not the evaluation / checkpoint at 4
+
+
 def test_records_carry_timestamps_and_train_loss_skips_the_first_steps(tmp_path):
     """Issue 16.7: on a run shorter than an epoch the train loss averaged every step from step 1.
     Now: the last epoch, or the second half of a shorter run."""

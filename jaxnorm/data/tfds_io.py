@@ -81,6 +81,8 @@ def check_split(ds_builder, split: str) -> None:
     """``ValueError`` naming ``split`` where TFDS cannot read it (an unknown split or slice syntax) or
     it selects no examples (``test[5:3]``, ``test[:0]``), before TensorFlow reads anything: TensorFlow
     itself says "expected to contain -2 elements" or "Instruction [] corresponds to no data"."""
+    if not ds_builder.info.splits:  # no recorded splits (tfds.testing.mock_data): TFDS reads as it can
+        return
     try:
         count = ds_builder.info.splits[split].num_examples
     except (KeyError, ValueError) as error:

@@ -398,7 +398,9 @@ def _loop(
         fetched = parallel.to_host([m for _, m in pending])
         for (s, _), m in zip(pending, fetched, strict=True):
             record = {k: float(v) for k, v in m.items()}
-            if s == pending[-1][0] and cfg.weight_norms:
+            # Weight norms at the log steps only: a flush for an evaluation, a checkpoint or a preemption
+            # would add records an uninterrupted run of the same config does not have.
+            if s == pending[-1][0] and cfg.weight_norms and (s % cfg.log_every == 0 or s == steps):
                 record.update(weight_norm_metrics(parallel.unreplicate(params_state.params), record["lr"]))
             if cfg.log_angular_update and "lr" in record:
                 predicted = equilibrium_angle(cfg.optimizer, record["lr"])
