@@ -3,7 +3,9 @@
 A unit's weight vector is ``w[..., j]`` of a kernel with the output unit last (Flax Dense
 ``(in, out)``, Conv HWIO). Every function maps a params tree to a tree with the same structure
 holding an ``(out,)`` array per selected kernel and ``None`` elsewhere (``mask`` as in
-``optax.masked``; default: every leaf of rank >= 2).
+``optax.masked``; default: every leaf of rank >= 2). A Flax NNX ``nnx.State`` (``nnx.state(model,
+nnx.Param)``, ``nnx.grad``'s output, or the array-leaf state of ``nnx.Optimizer``) is accepted
+wherever a params tree is, and gives an ``nnx.State`` of the results.
 
 For a unit followed by batch norm the loss is invariant to ``w -> c w``, hence (Liu et al.,
 *The implicit biases of SGD on deep neural networks with batch normalization*):
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm.functional.weight import unit_norm
-from jaxnorm.optim.rescaling import MaskOrFn, resolve_mask
+from jaxnorm.optim.rescaling import MaskOrFn, flatten_like_params, pure, resolve_mask
 
 __all__ = [
     "angular_update",
@@ -47,6 +49,8 @@ def per_unit(fn: Callable[..., jax.Array], params: PyTree, *others: PyTree, mask
 
     Every tree in ``others`` must have the params structure, and its leaves at the selected paths the
     shape of the params leaf (no broadcasting); a ``ValueError`` names the tree and the leaf path.
+    An ``nnx.State`` is read through its values (:func:`jaxnorm.optim.rescaling.pure`); next to an
+    ``nnx.State`` of params the other trees may also be its ``nnx.to_pure_dict`` form, and vice versa.
     """
     names = [f"others[{i}]" for i in range(len(others))]
     return _per_unit(fn, params, dict(zip(names, others, strict=True)), mask, "per_unit")
@@ -56,12 +60,13 @@ def _per_unit(
     fn: Callable[..., jax.Array], params: PyTree, others: dict[str, PyTree], mask: MaskOrFn, caller: str
 ) -> PyTree:
     """:func:`per_unit` with the other trees named (for the error messages) by ``caller``'s arguments."""
+    params = pure(params)  # nnx.State of Variables -> nnx.State of arrays; other trees unchanged
     flags = resolve_mask(mask, params, caller)
     treedef = jax.tree.structure(params)
     flat_others = []
     for name, other in others.items():
         try:
-            flat_others.append(treedef.flatten_up_to(other))
+            flat_others.append(_flatten_other(params, pure(other)))
         except (ValueError, TypeError) as err:
             raise ValueError(
                 f"{caller}: {name} must have the params structure {treedef}, got {jax.tree.structure(other)}"
@@ -80,6 +85,19 @@ def _per_unit(
         for flag, p, *rest in zip(flat_flags, flat_params, *flat_others, strict=True)
     ]
     return treedef.unflatten(out)
+
+
+def _flatten_other(params: PyTree, other: PyTree) -> list:
+    """The leaves of ``other`` in params order; an ``nnx.State`` next to a params dict is compared
+    through its ``nnx.to_pure_dict`` form (the reverse case is :func:`flatten_like_params`'s)."""
+    try:
+        return flatten_like_params(params, other)
+    except (ValueError, TypeError):
+        from flax import nnx  # only NNX trees get here
+
+        if not isinstance(other, nnx.State) or isinstance(params, nnx.State):
+            raise
+        return jax.tree.structure(params).flatten_up_to(nnx.to_pure_dict(other))
 
 
 def _unit_sum(x: jax.Array) -> jax.Array:
@@ -182,8 +200,15 @@ def weight_gradient_inner(params: PyTree, grads: PyTree, *, mask: MaskOrFn = Non
 
     Compare it with ``||w_j|| ||g_j||`` (e.g. :func:`unit_norms` of both trees) to judge how close
     to zero it is. ``grads`` must have the params structure and, at every selected leaf, its shape.
+    Products and sum are taken in at least float32 (as :func:`unit_norms`), so that float16 and
+    bfloat16 kernels neither overflow nor lose the cancellation that makes the inner product zero.
     """
-    return _per_unit(lambda w, g: _unit_sum(w * g), params, {"grads": grads}, mask, "weight_gradient_inner")
+
+    def inner(w, g):
+        dtype = jnp.promote_types(jnp.result_type(w, g), jnp.float32)
+        return _unit_sum(w.astype(dtype) * g.astype(dtype))
+
+    return _per_unit(inner, params, {"grads": grads}, mask, "weight_gradient_inner")
 
 
 def predicted_norm_growth(
