@@ -182,3 +182,73 @@ def test_ggd_fit_accepts_numpy_integer_counts_and_jits():
     jitted = jax.jit(dg.fit_generalized_gaussian, static_argnames="num_iters")(x, num_iters=30)
     np.testing.assert_allclose(jitted.beta, expected.beta, rtol=1e-6)
     np.testing.assert_allclose(expected.beta, _np_ggd_beta(np.asarray(x, np.float64))[0], rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- input span
+
+
+def _np_isp(kernel, inputs, rtol=1e-6):
+    """float64 oracle: rank of the input covariance and each unit's share of ||w||^2 in its span."""
+    h = np.asarray(inputs, np.float64)
+    w = np.asarray(kernel, np.float64).reshape(-1, kernel.shape[-1])
+    centered = h - h.mean(0)
+    lam, u = np.linalg.eigh(centered.T @ centered / h.shape[0])
+    lam, u = lam[::-1], u[:, ::-1]
+    rank = int(np.sum(lam > rtol * max(lam[0], 0.0)))
+    v = u.T @ w
+    return rank, np.sum(v[:rank] ** 2, 0) / np.sum(w**2, 0), lam
+
+
+def _isp_data(rows=8, fan_in=6):
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(rows, fan_in)).astype(np.float32)
+    w = rng.normal(size=(fan_in, 3)).astype(np.float32)
+    return w, h
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+@pytest.mark.parametrize("h_scale", [1e-20, 1.0, 1e20])
+@pytest.mark.parametrize("w_scale", [1e-30, 1.0, 1e25])
+def test_input_span_projection_does_not_depend_on_units(rows, h_scale, w_scale):
+    """Inputs of 1e20 overflowed the covariance (rank 0, fraction 0), 1e-20 underflowed it."""
+    w, h = _isp_data(rows)
+    rank_ref, frac_ref, lam_ref = _np_isp(w, h)
+    res = dg.input_span_projection(jnp.asarray(w * np.float32(w_scale)), jnp.asarray(h * np.float32(h_scale)))
+    assert int(res.rank) == rank_ref
+    np.testing.assert_allclose(res.in_span_fraction, frac_ref, rtol=1e-4, atol=1e-5)
+    if h_scale == 1.0:
+        np.testing.assert_allclose(res.eigenvalues[:rank_ref], lam_ref[:rank_ref], rtol=1e-4)
+
+
+def test_input_span_projection_of_nan_is_nan():
+    w, h = _isp_data()
+    nan_kernel = dg.input_span_projection(jnp.full(w.shape, jnp.nan), jnp.asarray(h))
+    assert np.all(np.isnan(nan_kernel.in_span_fraction))
+    for bad in (np.nan, np.inf):
+        h_bad = h.copy()
+        h_bad[0, 0] = bad
+        res = dg.input_span_projection(jnp.asarray(w), jnp.asarray(h_bad))
+        assert np.all(np.isnan(res.in_span_fraction)) and np.all(np.isnan(res.eigenvalues))
+    w_bad = w.copy()
+    w_bad[2, 1] = np.nan
+    frac = np.asarray(dg.input_span_projection(jnp.asarray(w_bad), jnp.asarray(h)).in_span_fraction)
+    assert np.isnan(frac[1]) and np.all(np.isfinite(frac[[0, 2]]))
+    np.testing.assert_allclose(frac[[0, 2]], _np_isp(w, h)[1][[0, 2]], rtol=1e-5)
+    # a zero unit is still 0 in span, and jit works
+    frac = jax.jit(dg.input_span_projection)(jnp.zeros((6, 2)), jnp.asarray(h)).in_span_fraction
+    np.testing.assert_array_equal(frac, [0.0, 0.0])
+
+
+@pytest.mark.parametrize(("kernel", "inputs", "kwargs", "message"), [
+    (np.ones((6, 2)), np.ones((0, 6)), {}, "inputs must have at least one row"),
+    (np.ones((6, 2)), np.ones((5, 6)), dict(rtol=float("nan")), "rtol must be a finite number"),
+    (np.ones((6, 2)), np.ones((5, 6)), dict(rtol=-1.0), "rtol must be a finite number"),
+    (np.ones((6, 2)), np.ones((5, 6)), dict(rtol="a"), "rtol must be a finite number"),
+    (np.ones((6, 2)), np.ones((5, 6)), dict(rtol=True), "rtol must be a finite number"),
+    (np.ones((6, 2)).tolist(), np.ones((5, 6)), {}, "kernel must be a NumPy or JAX array"),
+    (np.ones((6, 2)), np.ones((5, 6)).tolist(), {}, "inputs must be a NumPy or JAX array"),
+    (np.ones((6, 2), complex), np.ones((5, 6)), {}, "kernel must hold real numbers"),
+])
+def test_input_span_projection_rejects_malformed_arguments(kernel, inputs, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dg.input_span_projection(kernel, inputs, **kwargs)
