@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -252,3 +254,43 @@ def test_input_span_projection_of_nan_is_nan():
 def test_input_span_projection_rejects_malformed_arguments(kernel, inputs, kwargs, message):
     with pytest.raises(ValueError, match=message):
         dg.input_span_projection(kernel, inputs, **kwargs)
+
+
+# ----------------------------------------------------------------------------- equilibrium
+
+
+def _decimal_equilibrium(eta, lam, beta, optimizer):
+    """Oracle in 50-digit decimal arithmetic, which has no float64 exponent range limits."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 50
+        eta, lam, beta = (decimal.Decimal(float(v)) for v in (eta, lam, beta))
+        square = 2 * eta * lam / (1 + beta) * ((1 - beta) if optimizer == "adamw" else 1)
+        return float(square.sqrt())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize(("eta", "lam"), [(1e-200, 1e-200), (1e308, 1e308), (1e-170, 1e300), (0.1, 5e-4)])
+def test_equilibrium_angle_does_not_under_or_overflow(optimizer, eta, lam):
+    """2 eta lambda was formed before the square root: 0 or inf where the angle is representable."""
+    expected = _decimal_equilibrium(eta, lam, 0.5, optimizer)
+    got = dg.equilibrium_angular_update(eta, lam, momentum=0.5, optimizer=optimizer)
+    assert isinstance(got, float)
+    np.testing.assert_allclose(got, expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize(("eta", "lam"), [(1e-25, 1e-25), (1e25, 1e25), (3e38, 1e-30)])
+def test_equilibrium_angle_of_float32_arrays_does_not_under_or_overflow(eta, lam):
+    got = dg.equilibrium_angular_update(jnp.float32(eta), jnp.asarray([lam, 0.0], jnp.float32), momentum=0.9)
+    expected = _decimal_equilibrium(np.float32(eta), np.float32(lam), np.float32(0.9), "sgd")
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, [expected, 0.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["learning_rate", "weight_decay"])
+def test_equilibrium_angle_rejects_a_python_int_beyond_the_float_range(name):
+    kwargs = {"learning_rate": 0.1, "weight_decay": 1e-4, name: 10**400}
+    with pytest.raises(ValueError, match=name):
+        dg.equilibrium_angular_update(**kwargs)
+    kwargs = {"learning_rate": np.array([0.1]), "weight_decay": 1e-4, name: 10**400}
+    with pytest.raises(ValueError, match=name):
+        dg.equilibrium_angular_update(**kwargs)

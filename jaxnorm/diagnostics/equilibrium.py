@@ -57,7 +57,8 @@ def equilibrium_angular_update(
     ``learning_rate``, ``weight_decay`` and ``momentum`` is an array (NumPy or JAX, e.g. a learning-rate
     schedule's value or a sweep), the result is a JAX array of their broadcast shape in their floating
     dtype (at least float32), and the function is jit-able (``optimizer`` static). Concrete values are
-    checked; traced values cannot be, and give NaN where they are out of range.
+    checked; traced values cannot be, and give NaN where they are out of range. The angle is formed as
+    ``sqrt(2) sqrt(eta) sqrt(lambda) sqrt(factor)``, so it is accurate wherever it is representable.
 
     Args:
       learning_rate: ``eta`` >= 0, the current learning rate.
@@ -79,9 +80,9 @@ def equilibrium_angular_update(
     beta = _non_negative(momentum, "momentum")
     if beta >= 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-    if optimizer == "adamw":
-        return math.sqrt(2.0 * eta * lam * (1.0 - beta) / (1.0 + beta))
-    return math.sqrt(2.0 * eta * lam / (1.0 + beta))
+    # sqrt of each factor apart: 2 eta lambda itself can under- or overflow where its root cannot
+    factor = (1.0 - beta) / (1.0 + beta) if optimizer == "adamw" else 1.0 / (1.0 + beta)
+    return math.sqrt(2.0) * math.sqrt(eta) * math.sqrt(lam) * math.sqrt(factor)
 
 
 def _equilibrium_array(values: dict[str, object], optimizer: str) -> jax.Array:
@@ -97,7 +98,10 @@ def _equilibrium_array(values: dict[str, object], optimizer: str) -> jax.Array:
         if dtype == jnp.bool_ or not real:
             raise ValueError(f"{name} must be a real number or a real array, got dtype {dtype}")
         if not isinstance(value, jax.core.Tracer):
-            concrete = np.asarray(value, np.float64)
+            try:
+                concrete = np.asarray(value, np.float64)
+            except OverflowError:  # a Python int beyond the float range
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}") from None
             if not np.all(np.isfinite(concrete) & (concrete >= 0)):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
             if name == "momentum" and not np.all(concrete < 1):
@@ -105,17 +109,22 @@ def _equilibrium_array(values: dict[str, object], optimizer: str) -> jax.Array:
         arrays[name] = value
     dtype = jnp.promote_types(jnp.result_type(*arrays.values()), jnp.float32)
     eta, lam, beta = (jnp.asarray(arrays[name], dtype) for name in values)
-    square = 2.0 * eta * lam / (1.0 + beta)
+    factor = 1.0 / (1.0 + beta)
     if optimizer == "adamw":
-        square = square * (1.0 - beta)
+        factor = factor * (1.0 - beta)
     valid = jnp.isfinite(eta) & (eta >= 0) & jnp.isfinite(lam) & (lam >= 0) & (beta >= 0) & (beta < 1)
-    return jnp.where(valid, jnp.sqrt(jnp.where(valid, square, 0.0)), jnp.nan)
+    eta, lam, factor = (jnp.where(valid, v, 0.0) for v in (eta, lam, factor))
+    angle = math.sqrt(2.0) * jnp.sqrt(eta) * jnp.sqrt(lam) * jnp.sqrt(factor)
+    return jnp.where(valid, angle, jnp.nan)
 
 
 def _non_negative(value: float, name: str) -> float:
     if isinstance(value, bool | str) or not hasattr(value, "__float__"):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # a Python int beyond the float range
+        out = math.inf
     if not (math.isfinite(out) and out >= 0.0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return out
