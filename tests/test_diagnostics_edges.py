@@ -294,3 +294,86 @@ def test_equilibrium_angle_rejects_a_python_int_beyond_the_float_range(name):
     kwargs = {"learning_rate": np.array([0.1]), "weight_decay": 1e-4, name: 10**400}
     with pytest.raises(ValueError, match=name):
         dg.equilibrium_angular_update(**kwargs)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf"), True, "a", None])
+def test_predicted_norm_growth_checks_the_learning_rate(lr):
+    """A negative or NaN learning rate gave a (positive / NaN) growth, True was read as 1."""
+    with pytest.raises(ValueError, match="predicted_norm_growth: learning_rate"):
+        dg.predicted_norm_growth({"k": jnp.ones((2, 2))}, lr)
+
+
+def test_predicted_norm_growth_against_numpy():
+    g = np.random.default_rng(0).normal(size=(3, 3, 2, 4))
+    got = dg.predicted_norm_growth({"k": jnp.asarray(g, jnp.float32)}, np.float32(0.3))["k"]
+    np.testing.assert_allclose(got, 0.09 * np.sum(g**2, axis=(0, 1, 2)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [[0.1 + 1j], np.array([0.1, 0.2], complex), jnp.array([0.1 + 0j])])
+def test_gradient_predictiveness_refuses_complex_step_sizes(bad):
+    """Complex step sizes were accepted: losses used the real part, the smoothness came back complex."""
+    with pytest.raises(ValueError, match="step_sizes"):
+        dg.gradient_predictiveness(lambda p: jnp.sum(p**2), jnp.ones(3), step_sizes=bad)
+
+
+@pytest.mark.parametrize("params", [{}, {"a": jnp.ones(0)}, []])
+def test_gradient_predictiveness_refuses_empty_params(params):
+    with pytest.raises(ValueError, match="params must hold at least one array element"):
+        dg.gradient_predictiveness(lambda p: 0.0, params)
+
+
+def _np_patches(x, kh, kw, sh, sw):
+    """VALID patches in HWIO order by explicit slicing (float64)."""
+    x = np.asarray(x, np.float64)
+    n, h, w, _ = x.shape
+    rows = []
+    for b in range(n):
+        for i in range(0, h - kh + 1, sh):
+            for j in range(0, w - kw + 1, sw):
+                rows.append(x[b, i : i + kh, j : j + kw, :].reshape(-1))
+    return np.asarray(rows)
+
+
+def test_conv_patches_takes_an_int_as_a_square_window_and_stride():
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 6, 3)), jnp.float32)
+    got = dg.conv_patches(x, 3, strides=2, padding="VALID")
+    np.testing.assert_allclose(got, _np_patches(x, 3, 3, 2, 2), rtol=1e-6)
+    np.testing.assert_array_equal(got, dg.conv_patches(x, (3, 3), strides=(2, 2), padding="VALID"))
+    got = dg.conv_patches(x, (2, 3), strides=np.int64(1), padding="VALID")
+    np.testing.assert_allclose(got, _np_patches(x, 2, 3, 1, 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(window=(2, 2, 2)), "window must be"), (dict(window=(0, 2)), "window must be"),
+    (dict(window=-1), "window must be"), (dict(window=(2.0, 2)), "window must be"),
+    (dict(window="33"), "window must be"), (dict(window=True), "window must be"),
+    (dict(window=(2, 2), strides=(1,)), "strides must be"),
+    (dict(window=(2, 2), strides=0), "strides must be"),
+    (dict(window=(2, 2), x=np.ones((1, 4, 4, 1)).tolist()), "x must be a NumPy or JAX array"),
+])
+def test_conv_patches_rejects_malformed_arguments_by_name(kwargs, message):
+    kwargs = {"x": jnp.ones((1, 4, 4, 1)), **kwargs}
+    with pytest.raises(ValueError, match=f"conv_patches: {message}"):
+        dg.conv_patches(kwargs.pop("x"), kwargs.pop("window"), **kwargs)
+
+
+def test_hessian_accepts_numpy_integer_counts_and_names_an_integer_leaf():
+    a = np.diag([3.0, -1.0, 0.5])
+
+    def loss(p):
+        return 0.5 * p["w"] @ jnp.asarray(a, jnp.float32) @ p["w"]
+
+    params = {"w": jnp.ones(3)}
+    for method in ("lanczos", "power"):
+        eig = dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=np.int64(50),
+                                        method=method)
+        np.testing.assert_allclose(eig.eigenvalue, np.linalg.eigvalsh(a)[-1], rtol=1e-5)
+    with pytest.raises(ValueError, match=r"params\['n'\] has dtype int32"):
+        dg.hessian_top_eigenvalue(loss, {**params, "n": jnp.ones(2, jnp.int32)}, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="at least one array element"):
+        dg.hessian_top_eigenvalue(loss, {}, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="num_iters must be a positive int"):
+        dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=np.bool_(True))

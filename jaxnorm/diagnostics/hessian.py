@@ -10,11 +10,13 @@ as forward-over-reverse differentiation ``jvp(grad(L), (p,), (v,))`` (Pearlmutte
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 __all__ = ["HessianEigen", "hessian_top_eigenvalue", "hvp", "scaled_l2_norm"]
@@ -70,17 +72,26 @@ def hessian_top_eigenvalue(
       params: point at which the Hessian is taken; a pytree with at least one array element.
       *args, **kwargs: passed on to ``loss_fn`` (e.g. a batch).
       key: PRNG key for the start vector (``jax.random.key`` or a legacy ``PRNGKey``).
-      num_iters: Hessian-vector products, a positive int.
+      num_iters: Hessian-vector products, a positive int (Python or NumPy).
       method: ``"lanczos"`` or ``"power"``.
 
     Raises:
-      ValueError: ``method``, ``num_iters`` or ``key`` invalid, or ``params`` without elements.
+      ValueError: ``method``, ``num_iters`` or ``key`` invalid, ``params`` without elements or with a
+        leaf that is not floating point (the message names the leaf).
     """
     if method not in ("lanczos", "power"):
         raise ValueError(f"hessian_top_eigenvalue: method must be 'lanczos' or 'power', got {method!r}")
-    if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
+    if isinstance(num_iters, bool | np.bool_) or not isinstance(num_iters, numbers.Integral) or num_iters < 1:
         raise ValueError(f"hessian_top_eigenvalue: num_iters must be a positive int, got {num_iters!r}")
+    num_iters = int(num_iters)
     _check_key(key)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(
+                f"hessian_top_eigenvalue: params{jax.tree_util.keystr(path)} has dtype "
+                f"{jnp.result_type(leaf)}; every params leaf must be floating point (close over "
+                "integer or boolean state in loss_fn instead)"
+            )
     flat, unravel = ravel_pytree(params)
     if flat.size == 0:
         raise ValueError(

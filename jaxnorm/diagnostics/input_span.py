@@ -51,10 +51,16 @@ def conv_patches(
 
     For ``x`` of shape ``(N, H, W, C)`` returns ``(N * H' * W', kh * kw * C)`` with columns in the
     order of ``kernel.reshape(-1, out)``, so ``conv_patches(x, (kh, kw)) @ kernel.reshape(-1, out)``
-    equals ``flax.linen.Conv`` without bias (same ``strides`` and ``padding``).
+    equals ``flax.linen.Conv`` without bias (same ``strides`` and ``padding``). ``window`` and
+    ``strides`` are pairs of positive ints, or one int ``n`` for ``(n, n)`` (as ``flax.linen.Conv``'s
+    ``strides``).
     """
+    if not isinstance(x, np.ndarray | jax.Array):
+        raise ValueError(f"conv_patches: x must be a NumPy or JAX array, got {type(x)}")
     if x.ndim != 4:
         raise ValueError(f"conv_patches: x must be (N, H, W, C), got shape {x.shape}")
+    window = _int_pair(window, "window")
+    strides = _int_pair(strides, "strides")
     patches = jax.lax.conv_general_dilated_patches(
         x,
         filter_shape=tuple(window),
@@ -67,6 +73,23 @@ def conv_patches(
     patches = patches.reshape(*patches.shape[:-1], channels, kh, kw)
     patches = jnp.moveaxis(patches, -3, -1)  # (..., kh, kw, C): HWIO order
     return patches.reshape(-1, kh * kw * channels)
+
+
+def _int_pair(value: object, name: str) -> tuple[int, int]:
+    """``(n, n)`` for an int ``n``, else a pair of ints; all positive, or a ``ValueError`` naming ``name``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
+        value = (value, value)
+    try:
+        pair = tuple(value)
+    except TypeError:
+        pair = ()
+    if len(pair) != 2 or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_) and v >= 1 for v in pair
+    ):
+        raise ValueError(
+            f"conv_patches: {name} must be a positive int or a pair of positive ints, got {value!r}"
+        )
+    return int(pair[0]), int(pair[1])
 
 
 def input_span_projection(kernel: jax.Array, inputs: jax.Array, *, rtol: float = 1e-6) -> InputSpanProjection:

@@ -215,7 +215,11 @@ def predicted_norm_growth(
     grads: PyTree, learning_rate: float | jax.Array, *, mask: MaskOrFn = None
 ) -> PyTree:
     """``eta^2 ||g_j||^2`` per unit: the growth of ``||w_j||^2`` in one SGD step of a scale-invariant
-    unit, ``||w_j(t+1)||^2 = ||w_j(t)||^2 + eta^2 ||g_j(t)||^2`` (Liu et al., Cor. 3.3, Eq. 7)."""
+    unit, ``||w_j(t+1)||^2 = ||w_j(t)||^2 + eta^2 ||g_j(t)||^2`` (Liu et al., Cor. 3.3, Eq. 7).
+
+    ``learning_rate`` is checked as in :func:`effective_learning_rate` (finite and >= 0 unless traced).
+    """
+    _check_learning_rate(learning_rate, "predicted_norm_growth")
     return _per_unit(
         lambda g: jnp.square(learning_rate * unit_norm(g)), grads, {}, mask, "predicted_norm_growth"
     )

@@ -68,7 +68,8 @@ def gradient_predictiveness(
     overflow nor underflow.
 
     Raises:
-      ValueError: ``step_sizes`` not a non-empty 1-D sequence of finite, positive numbers.
+      ValueError: ``step_sizes`` not a non-empty 1-D sequence of finite, positive real numbers, or
+        ``params`` without elements.
     """
     if isinstance(step_sizes, jax.core.Tracer):
         etas = step_sizes
@@ -77,9 +78,10 @@ def gradient_predictiveness(
             values = np.asarray(step_sizes)
         except Exception:
             values = np.asarray(None)
-        if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number):
+        real = np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)
+        if values.ndim != 1 or values.size == 0 or not real:
             raise ValueError(
-                f"gradient_predictiveness: step_sizes must be a non-empty 1-D sequence of numbers, "
+                f"gradient_predictiveness: step_sizes must be a non-empty 1-D sequence of real numbers, "
                 f"got {step_sizes!r}"
             )
         if not np.all(np.isfinite(values) & (values > 0)):
@@ -89,6 +91,12 @@ def gradient_predictiveness(
         etas = jnp.asarray(step_sizes)
     if etas.ndim != 1 or etas.size == 0:
         raise ValueError(f"gradient_predictiveness: step_sizes must be a 1-D sequence, got {step_sizes!r}")
+    if not (jnp.issubdtype(etas.dtype, jnp.floating) or jnp.issubdtype(etas.dtype, jnp.integer)):
+        raise ValueError(f"gradient_predictiveness: step_sizes must be real numbers, got dtype {etas.dtype}")
+    if not jax.tree.leaves(params) or all(jnp.size(leaf) == 0 for leaf in jax.tree.leaves(params)):
+        raise ValueError(
+            f"gradient_predictiveness: params must hold at least one array element, got {params!r}"
+        )
 
     value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
     _, grads = value_and_grad(params)
