@@ -377,3 +377,18 @@ def test_hessian_accepts_numpy_integer_counts_and_names_an_integer_leaf():
         dg.hessian_top_eigenvalue(loss, {}, key=jax.random.key(0))
     with pytest.raises(ValueError, match="num_iters must be a positive int"):
         dg.hessian_top_eigenvalue(loss, params, key=jax.random.key(0), num_iters=np.bool_(True))
+
+
+@pytest.mark.parametrize("fn", [dg.effective_learning_rate, dg.predicted_norm_growth])
+def test_learning_rate_arrays_broadcast_per_unit_or_are_refused_by_name(fn):
+    """An lr array that did not broadcast to the (out,) units failed with a raw TypeError in jnp."""
+    w = np.random.default_rng(0).normal(size=(3, 2))
+    with pytest.raises(ValueError, match=r"learning_rate of shape \(3,\)"):
+        fn({"k": jnp.asarray(w, jnp.float32)}, np.array([1.0, 2.0, 3.0]))
+    got = fn({"k": jnp.asarray(w, jnp.float32)}, np.array([1.0, 2.0]))["k"]
+    sq = np.sum(w**2, axis=0)
+    if fn is dg.effective_learning_rate:
+        expected = np.array([1.0, 2.0]) / (sq + 1e-12)
+    else:
+        expected = np.array([1.0, 4.0]) * sq
+    np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -60,7 +60,9 @@ def hessian_top_eigenvalue(
       would orthonormalise rounding noise. Dropping a coupling that small moves the eigenvalues by
       at most that much (Weyl), i.e. below the rounding level of the Hessian-vector products.
     * ``method="power"``: ``v <- H v / ||H v||`` ``num_iters`` times, then the Rayleigh quotient
-      ``v^T H v``: the eigenvalue of largest *magnitude* (it can be negative at a saddle).
+      ``v^T H v``: the eigenvalue of largest *magnitude* (it can be negative at a saddle). If
+      ``lambda`` and ``-lambda`` both have that magnitude it does not converge, and the quotient can
+      be anywhere in ``[-lambda, lambda]`` depending on ``key``; use Lanczos there.
 
     Norms are taken on the vector divided by its largest magnitude, so Hessians with entries near
     the float32 range limits (1e-20 or 1e20) neither underflow nor overflow. Each iteration costs one

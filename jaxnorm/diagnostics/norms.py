@@ -125,7 +125,8 @@ def effective_learning_rate(
 
     Args:
       params: the params tree.
-      learning_rate: ``eta``, finite and >= 0 (a number or a scalar array; checked unless traced).
+      learning_rate: ``eta``, finite and >= 0 (a number or a scalar array; checked unless traced); an
+        array that broadcasts to every selected kernel's ``(out,)`` units gives one rate per unit.
       mask: as in ``optax.masked``; default every leaf of rank >= 2.
       epsilon: a finite number >= 0 added to ``||w_j||^2``.
     """
@@ -138,6 +139,7 @@ def effective_learning_rate(
         raise ValueError(f"effective_learning_rate: epsilon must be a finite number >= 0, got {epsilon!r}")
 
     def rate(w):
+        _check_learning_rate_shape(learning_rate, w, "effective_learning_rate")
         return learning_rate / (jnp.square(unit_norm(w)) + epsilon)
 
     return _per_unit(rate, params, {}, mask, "effective_learning_rate")
@@ -155,6 +157,20 @@ def _check_learning_rate(learning_rate: object, caller: str) -> None:
         raise ValueError(f"{caller}: learning_rate must be a finite number >= 0, got {learning_rate!r}")
     if not np.all(np.isfinite(value) & (value >= 0)):
         raise ValueError(f"{caller}: learning_rate must be a finite number >= 0, got {learning_rate!r}")
+
+
+def _check_learning_rate_shape(learning_rate: object, kernel: jax.Array, caller: str) -> None:
+    """A scalar, or an array that broadcasts to the kernel's ``(out,)`` units (one rate per unit)."""
+    units = jnp.shape(kernel)[-1:]
+    try:
+        shape = jnp.broadcast_shapes(jnp.shape(learning_rate), units)
+    except ValueError:
+        shape = None
+    if shape != units:
+        raise ValueError(
+            f"{caller}: learning_rate of shape {jnp.shape(learning_rate)} does not broadcast to the "
+            f"{units} units of a kernel of shape {jnp.shape(kernel)}; pass a scalar"
+        )
 
 
 def angular_update(params: PyTree, new_params: PyTree, *, mask: MaskOrFn = None) -> PyTree:
@@ -220,6 +236,9 @@ def predicted_norm_growth(
     ``learning_rate`` is checked as in :func:`effective_learning_rate` (finite and >= 0 unless traced).
     """
     _check_learning_rate(learning_rate, "predicted_norm_growth")
-    return _per_unit(
-        lambda g: jnp.square(learning_rate * unit_norm(g)), grads, {}, mask, "predicted_norm_growth"
-    )
+
+    def growth(g):
+        _check_learning_rate_shape(learning_rate, g, "predicted_norm_growth")
+        return jnp.square(learning_rate * unit_norm(g))
+
+    return _per_unit(growth, grads, {}, mask, "predicted_norm_growth")
