@@ -392,3 +392,32 @@ def test_learning_rate_arrays_broadcast_per_unit_or_are_refused_by_name(fn):
     else:
         expected = np.array([1.0, 4.0]) * sq
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("offset", "spread", "rows", "fan_in"),
+    [(100.0, 0.01, 16, 64), (1000.0, 1.0, 16, 64), (100.0, 1.0, 64, 512)],
+)
+def test_input_span_projection_of_offset_inputs(offset, spread, rows, fan_in):
+    """Inputs with a large mean (post-ReLU features, raw pixels): the float32 rounding error of the
+    mean left an extra direction in the covariance (rank ``rows`` instead of ``rows - 1``)."""
+    rng = np.random.default_rng(2)
+    h = (offset + spread * rng.normal(size=(rows, fan_in))).astype(np.float32)
+    w = rng.normal(size=(fan_in, 2)).astype(np.float32)
+    h64 = h.astype(np.float64)
+    basis = np.linalg.svd(h64 - h64.mean(0), full_matrices=False)[2][: rows - 1].T
+    oracle = np.sum((basis.T @ w.astype(np.float64)) ** 2, 0) / np.sum(w.astype(np.float64) ** 2, 0)
+    res = dg.input_span_projection(jnp.asarray(w), jnp.asarray(h))
+    assert int(res.rank) == rows - 1
+    np.testing.assert_allclose(res.in_span_fraction, oracle, rtol=1e-4)
+
+
+def test_gradient_predictiveness_names_an_integer_leaf():
+    """An int leaf failed inside jax.grad with a message about allow_int."""
+    params = {"w": jnp.ones(2), "n": jnp.ones(2, jnp.int32)}
+    with pytest.raises(ValueError, match=r"params\['n'\] has dtype int32"):
+        dg.gradient_predictiveness(lambda p: jnp.sum(p["w"] ** 2), params)
+    got = dg.gradient_predictiveness(lambda p: jnp.sum(p["w"] ** 2), {"w": jnp.ones(2)}, step_sizes=[0.25])
+    # L = |w|^2, g = 2w: w - eta g = 0.5 w gives L = 0.5 and gradient change |w - 2w| = sqrt(2)
+    np.testing.assert_allclose(got.losses, [0.5], rtol=1e-6)
+    np.testing.assert_allclose(got.gradient_changes, [np.sqrt(2.0)], rtol=1e-6)

@@ -97,10 +97,11 @@ def input_span_projection(kernel: jax.Array, inputs: jax.Array, *, rtol: float =
 
     ``Sigma = (H - mean)^T (H - mean) / n`` over the ``n`` rows of ``inputs``; ``V = U^T W`` with
     ``W = kernel.reshape(fan_in, out)``. Computed in at least float32; the eigendecomposition is
-    ``jnp.linalg.eigh``. ``H`` and each unit ``W_j`` are first multiplied by a power of two near their
-    largest magnitude (exact), so rank and in-span fractions do not depend on the units of either;
-    the eigenvalues are returned in the units of ``inputs`` squared (``inf`` or ``0`` where those
-    leave the float range).
+    ``jnp.linalg.eigh``; ``H`` is centred twice, so that the rounding error of the first mean leaves no
+    spurious direction for inputs with a large mean. ``H`` and each unit ``W_j`` are first multiplied
+    by a power of two near their largest magnitude (exact), so rank and in-span fractions do not
+    depend on the units of either; the eigenvalues are returned in the units of ``inputs`` squared
+    (``inf`` or ``0`` where those leave the float range).
 
     Args:
       kernel: ``(in, out)`` Dense or ``(kh, kw, in, out)`` Conv kernel, a NumPy or JAX array.
@@ -147,6 +148,7 @@ def input_span_projection(kernel: jax.Array, inputs: jax.Array, *, rtol: float =
     exponent = _exponent(jnp.max(jnp.abs(h)), dtype, extra=1)
     h = h * jnp.ldexp(jnp.ones((), dtype), -exponent)
     centered = h - jnp.mean(h, axis=0)
+    centered = centered - jnp.mean(centered, axis=0)  # second pass: the rounding error of the mean
     covariance = centered.T @ centered / h.shape[0]
     eigenvalues, eigenvectors = jnp.linalg.eigh(covariance)  # ascending
     eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]

@@ -69,7 +69,7 @@ def gradient_predictiveness(
 
     Raises:
       ValueError: ``step_sizes`` not a non-empty 1-D sequence of finite, positive real numbers, or
-        ``params`` without elements.
+        ``params`` without elements or with a leaf that is not floating point.
     """
     if isinstance(step_sizes, jax.core.Tracer):
         etas = step_sizes
@@ -97,6 +97,13 @@ def gradient_predictiveness(
         raise ValueError(
             f"gradient_predictiveness: params must hold at least one array element, got {params!r}"
         )
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(
+                f"gradient_predictiveness: params{jax.tree_util.keystr(path)} has dtype "
+                f"{jnp.result_type(leaf)}; every params leaf must be floating point (close over "
+                "integer or boolean state in loss_fn instead)"
+            )
 
     value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
     _, grads = value_and_grad(params)
