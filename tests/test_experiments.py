@@ -297,3 +297,28 @@ def test_grad_clip_norm_from_the_command_line():
     config = cli.load_config("fmnist_norms", overrides)
     assert config.optimizer.grad_clip_norm == 1.0
     experiment.validate(config)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    # momentum 1.5 trained, to a loss of 25
+    ("optimizer.momentum=1.5", r"config.optimizer.momentum must be a number in \[0, 1\)"),
+    ("optimizer.momentum=-1.0", r"config.optimizer.momentum must be a number in \[0, 1\)"),
+    ("quick_steps=0", r"config.quick_steps must be an int >= 1"),  # fell back to num_epochs: no smoke test
+])
+def test_optimizer_momentum_and_quick_mode_out_of_range_fail_in_validate(override, message):
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", f"--config.{override}"])
+    with pytest.raises(ValueError, match=message):
+        experiment.validate(config)
+
+
+@pytest.mark.parametrize("name", ["/tmp/escaped", "a/", "../up", "a//b", "."])
+def test_sweep_run_names_stay_inside_the_workdir(name):
+    """An absolute name wrote its run outside the workdir; 'a' and 'a/' shared one directory, found only
+    after the first had trained (CLI fuzz of 2026-12-02). 'c/sgdm' (a nested name) stays allowed."""
+    config = experiment.experiment_defaults()
+    with config.unlocked():
+        config.sweep.key, config.sweep.grid, config.sweep.names = "seed", (0, 1), (name, "c/sgdm")
+    with pytest.raises(ValueError, match="a run name is a relative path inside the workdir"):
+        experiment.expand_sweep(config)
+    config.sweep.names = ("b", "c/sgdm")
+    assert [n for n, _ in experiment.expand_sweep(config)] == ["b", "c/sgdm"]

@@ -58,7 +58,8 @@ def test_resume_grid_records_skips_finished_runs_and_selects_from_an_earlier_swe
     config = tmp_path / "tiny_config.py"
     config.write_text(TINY)
     first = tmp_path / "select.jsonl"
-    args = [str(config), "--jsonl", str(first), "--workdir", str(tmp_path / "runs"), "--seeds", "0"]
+    args = [str(config), "--jsonl", str(first), "--workdir", str(tmp_path / "runs"), "--seeds", "0",
+            "--set", "dataset.eval_split=validation[:128]"]  # a selection is made on validation data
     resume_grid.main([*args, "--grid", "optimizer.learning_rate=0.001,0.2"])
     records = _lines(first)
     assert [(r["variant"], r["grid"]["optimizer.learning_rate"]) for r in records] == [

@@ -292,3 +292,77 @@ def test_select_counts_the_values_run_at_its_own_point(tmp_path):
                   _run("a", 0, 0.5, {"depth": 8, "lr": 0.1}), _run("a", 0, 0.6, {"depth": 8, "lr": 0.05})])
     assert resume_grid.select(str(path), "lr", "a", {"depth": 2}) == 0.1
     assert resume_grid.select(str(path), "lr", "a", {"depth": 8}) == 0.05
+
+
+@pytest.mark.parametrize(("items", "match"), [
+    (["seed=0,1,2"], "seed is not a setting of a grid run; give seeds with --seeds"),
+    (["quick=True,False"], "quick is not a setting of a grid run"),
+    (["sweep.key=norm"], "sweep.key is not a setting"),
+    (["optimizer.learning_rate=1,1.0"], "a value is repeated"),
+    (["optimizer.learning_rate=0.1,"], "an empty value"),
+])
+def test_grid_keys_and_values_that_would_record_one_thing_and_train_another(items, match):
+    """``--grid seed=0,1,2`` recorded seeds 1 and 2 and trained every run with the ``--seeds`` seed: a
+    '3-seed' mean of one seed; 1 and 1.0 planned the same run twice (CLI fuzz of 2026-12-02)."""
+    with pytest.raises(ValueError, match=match):
+        resume_grid.parse_grid(items)
+
+
+def test_set_quick_and_an_empty_seed_or_variant_list_are_refused():
+    config = common.experiment.experiment_defaults()
+    with pytest.raises(ValueError, match="quick is not a setting of a grid run"):
+        common.apply_sets(config, ["quick=True"])
+    with pytest.raises(ValueError, match="--seeds is given without seeds"):
+        common.select_seeds(None, [])
+    with pytest.raises(ValueError, match="--only is given without variants"):
+        common.select_variants({"a": {}}, [])
+
+
+def test_a_key_given_by_grid_and_set_or_select_is_refused():
+    grid = resume_grid.parse_grid(["optimizer.learning_rate=0.1,0.01"])
+    with pytest.raises(ValueError, match=r"--grid optimizer\.learning_rate and --set optimizer\.learning_r"):
+        resume_grid.check_grid_conflicts(["optimizer.learning_rate=0.5"], grid, None)
+    with pytest.raises(ValueError, match="and --set optimizer"):
+        resume_grid.check_grid_conflicts(["optimizer={'learning_rate': 0.5}"], grid, None)
+    with pytest.raises(ValueError, match=r"and --select optimizer\.learning_rate"):
+        resume_grid.check_grid_conflicts([], grid, "sel.jsonl:optimizer.learning_rate")
+    resume_grid.check_grid_conflicts(["num_epochs=2"], grid, "sel.jsonl:optimizer.momentum")
+
+
+def test_a_dict_from_set_or_grid_merges_into_the_config_and_the_variant():
+    """``--grid model.kwargs={'depth': 4}`` on a variant that sets ``num_groups=16`` trained with the
+    config's width dropped and 32 groups; ``--set optimizer={'learning_rate': 0.02}`` reset the optimizer
+    to the loop's defaults (CLI fuzz of 2026-12-02). A variant's own dict still replaces."""
+    base = common.experiment.experiment_defaults()
+    base.model.kwargs = {"width": 256, "depth": 2}
+    base.optimizer.name = "sgd"
+    common.apply_sets(base, ["optimizer={'learning_rate': 0.02}"])
+    assert base.optimizer.name == "sgd" and base.optimizer.learning_rate == 0.02
+    config = common.run_config(base, {"model.kwargs.num_groups": 16}, 0, {"model.kwargs": {"depth": 4}})
+    assert config.model.kwargs.to_dict() == {"width": 256, "depth": 4, "num_groups": 16}
+    replaced = common.run_config(base, {"model.kwargs": {"depth": 4}}, 0)
+    assert replaced.model.kwargs.to_dict() == {"depth": 4}
+    with pytest.raises(ValueError, match=r"config.num_steps=1.5"):
+        common.apply_sets(base, ["num_steps=1.5"])
+
+
+def test_select_refuses_runs_evaluated_on_a_test_split(tmp_path):
+    """A selection file whose runs were evaluated on ``test[:256]`` chose the learning rate the test
+    sweep then reported: a choice made on the test set."""
+    path = tmp_path / "sel.jsonl"
+    on_test = {"run_config": {"dataset": {"eval_split": "test[:256]"}}}
+    _write(path, [{**_run("a", 0, 0.5, {"lr": 0.1}), **on_test},
+                  {**_run("a", 0, 0.6, {"lr": 0.01}), **on_test}])
+    with pytest.raises(ValueError, match=r"evaluated on 'test\[:256\]': a selection must be made on"):
+        resume_grid.select(str(path), "lr", "a", {})
+    on_validation = {"run_config": {"dataset": {"eval_split": "validation"}}}
+    _write(path, [{**_run("a", 0, 0.5, {"lr": 0.1}), **on_validation},
+                  {**_run("a", 0, 0.6, {"lr": 0.01}), **on_validation}])
+    assert resume_grid.select(str(path), "lr", "a", {}) == 0.01
+
+
+def test_a_cut_jsonl_line_is_named_with_its_file(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(_run("a", 0, 0.5)) + "\n" + '{"variant": "a", "se')
+    with pytest.raises(ValueError, match=r"runs.jsonl line 2 is no JSON record"):
+        resume_grid.read_runs(str(path))

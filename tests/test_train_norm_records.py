@@ -56,3 +56,16 @@ def test_no_record_and_bad_references_give_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="2 record_norms states"):
         state = _recorded_state()
         norm_records.recorded_norms((state, state))
+
+
+def test_a_sibling_run_wins_over_a_directory_of_its_name_where_the_command_runs(tmp_path, monkeypatch):
+    """The current directory was searched first: run from a directory holding another sweep's
+    ``wd/recorded_norms.npz``, a ``no_wd_mimicry`` run followed those norms without a word (found by the
+    CLI fuzz of 2026-12-02)."""
+    norms = norm_records.recorded_norms(_recorded_state())
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    own = norm_records.save_recorded_norms(str(sweep / "wd"), norms)
+    norm_records.save_recorded_norms(str(elsewhere / "wd"), norms)
+    monkeypatch.chdir(elsewhere)
+    assert norm_records.resolve_reference("wd", str(sweep / "mimic")) == own
+    assert norm_records.resolve_reference("wd", None) == "wd/" + norm_records.FILENAME  # no sweep: as given

@@ -355,3 +355,15 @@ def test_grad_clip_norm_is_a_loop_default_so_the_command_line_takes_it():
     old = default_config().to_dict()
     del old["optimizer"]["grad_clip_norm"]
     assert config_differences(old, default_config()) == {}
+
+
+def test_effective_learning_rate_of_a_diverged_layer_is_nan_not_inf():
+    """A NaN kernel logged ``eff_lr`` = inf (``mean_sq > 0`` is False for NaN), as if it had shrunk to 0."""
+    from jaxnorm.train.metrics import weight_norm_metrics
+
+    params = {"a": {"kernel": np.full((3, 2), np.nan, np.float32)},
+              "b": {"kernel": np.zeros((3, 2), np.float32)}, "c": {"kernel": np.ones((3, 2), np.float32)}}
+    out = weight_norm_metrics(params, 0.1)
+    assert np.isnan(out["eff_lr/a/kernel"]) and out["eff_lr/b/kernel"] == np.inf
+    assert out["eff_lr/c/kernel"] == pytest.approx(0.1 / 3)
+    assert np.isnan(weight_norm_metrics({"b": params["b"]}, 0.0)["eff_lr/b/kernel"])

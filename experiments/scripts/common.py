@@ -52,10 +52,25 @@ def apply_sets(config, items: Sequence[str]) -> None:
     ``ValueError`` with the closest valid key (a misspelt key would otherwise train with the default)."""
     for item in items:
         key, value = parse_set(item)
-        if key == "seed":
-            raise ValueError(f"--set {item}: give seeds with --seeds, which sets each run's seed")
+        check_run_key(key, f"--set {item}")
         check_known_key(config, key, "--set")
-        set_dotted(config, key, value)
+        set_dotted(config, key, value, merge=True)
+
+
+UNSWEPT_KEYS = ("seed", "quick", "quick_steps", "quick_examples", "sweep")
+"""Keys a run of ``grid.py`` / ``resume_grid.py`` sets itself or never reads: the seed (``--seeds``), the
+command line's quick mode and its own sweep. Given with ``--set`` or ``--grid`` they were recorded with
+each run and ignored (``--grid seed=0,1,2`` trained every run with the ``--seeds`` seed)."""
+
+
+def check_run_key(key: str, where: str) -> None:
+    """``ValueError`` naming ``where`` for a key in :data:`UNSWEPT_KEYS` (or under ``sweep``)."""
+    if key in UNSWEPT_KEYS or key.startswith("sweep."):
+        hint = "give seeds with --seeds, which sets each run's seed" if key == "seed" else (
+            "the grid scripts run every run in full and have no sweep of their own: set num_steps or "
+            "dataset.train_split for a short run, --grid for several values"
+        )
+        raise ValueError(f"{where}: {key} is not a setting of a grid run; {hint}")
 
 
 FREE_FORM_KEYS = ("model.kwargs.", "optimizer.wrapper_kwargs.")
@@ -109,6 +124,8 @@ def select_variants(
     """The ``variants`` named in ``only`` (all of them for ``None`` or empty), in ``only``'s order or,
     with ``in_only_order=False``, in ``variants``' (where a variant reads another's records, e.g. a
     ``wd_mimicry`` reference); ``ValueError`` listing the valid names for an unknown or repeated one."""
+    if only is not None and not only:
+        raise ValueError("--only is given without variants; leave it out to run every variant")
     names = list(only) if only else list(variants)
     unknown = [n for n in names if n not in variants]
     if unknown:
@@ -122,22 +139,43 @@ def select_variants(
 def select_seeds(module, seeds: Sequence[int] | None) -> list[int]:
     """``seeds`` (``--seeds``), or the config's ``SEEDS`` (default ``(0,)``) when none are given;
     ``ValueError`` for a repeated seed, which would run one run twice."""
+    if seeds is not None and not seeds:
+        raise ValueError("--seeds is given without seeds; leave it out for the config's SEEDS")
     chosen = list(seeds) if seeds else list(getattr(module, "SEEDS", (0,)))
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"--seeds repeats a seed: {chosen}")
     return chosen
 
 
-def set_dotted(config, key: str, value: Any) -> None:
-    """``config.<key> = value`` for a dotted ``key``; unknown parent fields raise ``ValueError``."""
+def set_dotted(config, key: str, value: Any, *, merge: bool = False) -> None:
+    """``config.<key> = value`` for a dotted ``key``; unknown parent fields raise ``ValueError``, as does
+    a value of the wrong type (naming the key). ``merge=True`` (``--set`` and ``--grid``): a dict
+    ``value`` for a key that holds a dict is merged into it, recursively (``model.kwargs={'depth': 4}``
+    keeps the config's ``width`` and a variant's ``num_groups``; until 2026-12-02 it replaced the whole
+    dict, silently dropping them). A variant's own dict replaces (``optimizer.wrapper_kwargs={...}``
+    in a config file says all of them)."""
     *parents, leaf = key.split(".")
     node = config
     for part in parents:
         if part not in node:
             raise ValueError(f"config has no field {key!r}")
         node = node[part]
+    if merge and isinstance(value, Mapping) and leaf in node and hasattr(node[leaf], "to_dict"):
+        value = merged(node[leaf].to_dict(), value)
     with node.unlocked():
-        node[leaf] = value
+        try:
+            node[leaf] = value
+        except TypeError as e:  # ml_collections: "Could not override field ... cannot be casted"
+            raise ValueError(f"config.{key}={value!r}: {e}") from None
+
+
+def merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``update`` merged in: dicts in both are merged recursively, anything else replaced."""
+    out = dict(base)
+    for key, value in update.items():
+        old = out.get(key)
+        out[key] = merged(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return out
 
 
 def kernel_l2(params) -> float:
@@ -182,7 +220,7 @@ def run_config(base, overrides: Mapping[str, Any], seed: int, grid: Mapping[str,
         set_dotted(config, key, value)
     for key, value in (grid or {}).items():
         check_known_key(config, key, "--grid")
-        set_dotted(config, key, value)
+        set_dotted(config, key, value, merge=True)
     with config.unlocked():
         config.seed = seed
         config.progress = False
@@ -220,7 +258,9 @@ def run_one(
             config.checkpoint_every = 0
         mimicry = config.optimizer.get("wrapper_kwargs", {}).get("wd_mimicry", {})
         wrappers = tuple(config.optimizer.get("wrappers", ()))
-        if records and "wd_mimicry" in wrappers and not os.path.exists(mimicry.reference):
+        # a reference relative to nothing is the variant of that name in ``records``, never a
+        # directory of that name where the script happens to run
+        if records and "wd_mimicry" in wrappers and not os.path.isabs(mimicry.reference):
             mimicry.reference = os.path.join(records, mimicry.reference)
     experiment.validate(config)
     result = experiment.run(config, workdir)

@@ -26,8 +26,13 @@ describe), "run_config" (the resolved config the run trained with), "eval_accura
 What is refused, before any run trains (each would record something else than was asked): a ``--set``
 or ``--grid`` key the config does not have (model options aside, which the model checks), a ``--set``
 key a selected variant sets itself (the variant's value would win: use ``--grid``, applied after the
-variants), a repeated seed or grid value, and a finished run whose recorded ``run_config`` differs
-from what the config gives now (the config was edited: record the new runs in another file). A run
+variants), a key that ``--grid`` and ``--set`` or ``--select`` both set, ``seed`` / ``quick*`` /
+``sweep.*`` in ``--set`` or ``--grid`` (a grid run sets or ignores them: ``--grid seed=0,1,2`` trained
+every run with the ``--seeds`` seed), a repeated seed or grid value (``1`` and ``1.0`` too), an empty
+one, a ``--select`` file whose runs were evaluated on a test split, and a finished run whose recorded
+``run_config`` differs from what the config gives now (the config was edited: record the new runs in
+another file). A dict given with ``--set`` or ``--grid`` merges into the config's dict (and the
+variant's) instead of replacing it. A run
 is the same run whatever the order of the ``--set`` items and their execution-only settings
 (:data:`experiments.scripts.records.EXECUTION_SETS`, e.g. ``checkpoint_every``), so a rerun with
 another checkpoint interval trains nothing. ``--dry-run`` checks every run and lists them, ``done``
@@ -50,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from experiments.scripts.common import (
     apply_sets,
+    check_run_key,
     check_set_conflicts,
     load_module,
     run_config,
@@ -60,6 +66,7 @@ from experiments.scripts.common import (
 from experiments.scripts.records import (
     as_recorded,
     check_no_repeated_runs,
+    parse_set,
     parse_value,
     result_sets,
     run_identity,
@@ -83,11 +90,30 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
             raise ValueError(f"--grid expects key=v1,v2,..., got {item!r}")
         if key in (k for k, _ in grid):
             raise ValueError(f"--grid {key} is given twice; list its values once: --grid {key}=v1,v2,...")
-        parsed = [parse_value(value) for value in split_values(values)]
-        if len({repr(v) for v in parsed}) != len(parsed):
+        check_run_key(key, f"--grid {item}")
+        texts = split_values(values)
+        if any(not text.strip() for text in texts):
+            raise ValueError(f"--grid {item}: an empty value (a stray comma?)")
+        parsed = [parse_value(value) for value in texts]
+        repeated = any(a == b for i, a in enumerate(parsed) for b in parsed[i + 1 :])
+        if repeated or len({repr(v) for v in parsed}) != len(parsed):  # 1 and 1.0 train the same run
             raise ValueError(f"--grid {item}: a value is repeated ({parsed}); each value runs once")
         grid.append((key, parsed))
     return grid
+
+
+def check_grid_conflicts(
+    set_items: Sequence[str], grid: Sequence[tuple[str, list[Any]]], select: str | None
+) -> None:
+    """``ValueError`` for a ``--grid`` key that a ``--set`` item or ``--select`` sets too (or that lies
+    inside or around one): the grid's value would win over ``--set`` while the record's ``sets`` still
+    said the other, and ``--select`` would replace the grid's values."""
+    set_keys = [parse_set(item)[0] for item in set_items]
+    chosen = select.rpartition(":")[2] if select else ""
+    for key, _ in grid:
+        for other, option in [*((k, "--set") for k in set_keys), *([(chosen, "--select")] if chosen else [])]:
+            if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+                raise ValueError(f"--grid {key} and {option} {other} set the same setting; give it once")
 
 
 def run_key(config_name: str, variant: str, grid: dict[str, Any], sets: Sequence[str], seed: int) -> str:
@@ -123,8 +149,18 @@ def read_runs(path: str) -> list[dict[str, Any]]:
     """The finished runs of the JSONL file ``path`` (none if it does not exist)."""
     if not os.path.exists(path):
         return []
+    runs = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                runs.append(json.loads(line))
+            except json.JSONDecodeError as e:  # a line cut short by a kill while it was appended
+                raise ValueError(
+                    f"{path} line {number} is no JSON record ({e}); remove or repair it: {line[:80]!r}"
+                ) from None
+    return runs
 
 
 def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: str | None = None) -> Any:
@@ -150,6 +186,7 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
     if not runs:
         raise ValueError(f"--select: no runs of {variant!r} at {point} with {key!r} in {path}")
     where = f"--select {path}: the runs of {variant!r} at {point}"
+    check_selection_split(runs, where)
     check_no_repeated_runs(runs, where)
     _check_one_setting(runs, key, point, where)
     scores: dict[str, list[float]] = {}
@@ -164,6 +201,19 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
         )
     best = max(scores, key=lambda v: sum(scores[v]) / len(scores[v]))
     return values[best]
+
+
+def check_selection_split(runs: Sequence[dict[str, Any]], where: str) -> None:
+    """``ValueError`` when a selection run was evaluated on a test split (its recorded
+    ``run_config.dataset.eval_split`` names ``test``): a value chosen there and then reported on the
+    test split is chosen on the test set. Runs recorded without ``run_config`` are taken as they are."""
+    for r in runs:
+        split = str(r.get("run_config", {}).get("dataset", {}).get("eval_split", ""))
+        if "test" in split:
+            raise ValueError(
+                f"{where} were evaluated on {split!r}: a selection must be made on a validation split "
+                "(--set dataset.train_split=train_minus_validation dataset.eval_split=validation)"
+            )
 
 
 def _check_one_setting(runs: Sequence[dict[str, Any]], key: str, point: dict[str, Any], where: str) -> None:
@@ -221,6 +271,7 @@ def plan_runs(args: argparse.Namespace, module, base) -> list[PlannedRun]:
     variants = select_variants(module.VARIANTS, args.only)
     check_set_conflicts(args.set, variants)
     grid = parse_grid(args.grid)
+    check_grid_conflicts(args.set, grid, args.select)
     done = {run_identity(r): r for r in read_runs(args.jsonl)}
     plan = []
     for values in itertools.product(*(v for _, v in grid)):

@@ -411,6 +411,8 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
     failed inside the loop (``log_every=0``)."""
     minimum = {"num_steps": 0, "seed": 0, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
                "max_to_keep": 1}
+    if "quick_steps" in config:  # an experiment's quick mode: 0 steps would fall back to num_epochs
+        minimum.update(quick_steps=1, quick_examples=2)
     for key, low in minimum.items():
         value = config.get(key, low)
         if not is_int(value) or value < low:
@@ -425,3 +427,7 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
             continue
         if not is_real(value) or not np.isfinite(value) or value < 0:
             raise ValueError(f"config.optimizer.{key} must be a finite number >= 0, got {value!r}")
+    for key in ("momentum", "b1", "b2"):  # momentum 1.5 trained (to a loss of 25) without a word
+        value = optimizer.get(key, 0.0)
+        if not is_real(value) or not 0.0 <= value < 1.0:
+            raise ValueError(f"config.optimizer.{key} must be a number in [0, 1), got {value!r}")

@@ -112,6 +112,17 @@ def expand_sweep(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collec
         runs.append((str(names[i]) if names else str(value), run))
     if len({n for n, _ in runs}) != len(runs):
         raise ValueError(f"config.sweep gives duplicate run names {[n for n, _ in runs]}")
+    for name, _ in runs:  # each names a directory under the workdir: 'a/' would share a's, '/x' leave it
+        parts = name.split("/")
+        if os.path.isabs(name) or name != os.path.normpath(name) or ".." in parts or "." in parts:
+            raise ValueError(
+                f"config.sweep gives the run name {name!r}; a run name is a relative path inside the "
+                "workdir ('sgdm' or 'c/sgdm': no leading, trailing or double '/', '.' or '..'): set "
+                "config.sweep.names"
+            )
+        if len(name.encode()) > 255:
+            raise ValueError(f"config.sweep gives a run name of {len(name.encode())} bytes (at most 255): "
+                             "set config.sweep.names")
     return runs
 
 

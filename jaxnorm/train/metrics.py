@@ -70,13 +70,21 @@ def equilibrium_angle(optimizer: Mapping[str, Any], lr: float) -> float | None:
     return equilibrium_angular_update(lr, wd, momentum=beta)
 
 
+def _effective_lr(lr: float, mean_sq: float) -> float:
+    """``lr / mean_sq``: NaN for a NaN norm (a diverged layer; it read as inf), inf for a zero layer at
+    ``lr > 0``, NaN at ``lr = 0`` (0 / 0)."""
+    if mean_sq > 0 or math.isnan(mean_sq):
+        return lr / mean_sq
+    return math.inf if lr > 0 else math.nan
+
+
 def weight_norm_metrics(params: PyTree, lr: float) -> dict[str, float]:
     """``{"wnorm/<layer>": mean unit norm, "eff_lr/<layer>": lr / mean unit norm^2}`` as floats."""
     norms = jax.device_get(_layer_unit_norms(params))
     out = {}
     for name, (mean_norm, mean_sq) in norms.items():
         out[f"wnorm/{name}"] = float(mean_norm)
-        out[f"eff_lr/{name}"] = float(lr / mean_sq) if mean_sq > 0 else math.inf
+        out[f"eff_lr/{name}"] = _effective_lr(lr, float(mean_sq))
     return out
 
 

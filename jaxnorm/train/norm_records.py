@@ -76,11 +76,13 @@ def resolve_reference(reference: str, workdir: str | None) -> str:
     """The recorded-norms file that ``reference`` names.
 
     ``reference`` is a ``.npz`` file, a run directory holding :data:`FILENAME`, or a path relative to
-    the parent of ``workdir`` (the sibling runs of an experiment's sweep: the run's name).
+    the parent of ``workdir`` (the sibling runs of an experiment's sweep: the run's name). A sibling
+    run is looked for first, then the path as given (absolute, or relative to the current directory):
+    a directory of the run's name where the command runs no longer shadows the sweep's own run.
     """
     if not isinstance(reference, str) or not reference:
         raise ValueError(f"wd_mimicry: reference must name a recorded-norms file or run, got {reference!r}")
-    bases = [""] + ([os.path.dirname(os.path.abspath(workdir))] if workdir else [])
+    bases = ([os.path.dirname(os.path.abspath(workdir))] if workdir else []) + [""]
     tried = []
     for base in bases:
         candidate = os.path.join(base, reference)
