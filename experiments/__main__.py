@@ -163,15 +163,35 @@ def load_config(name: str, overrides: Sequence[str]):
     config = _apply_overrides(config, flagged)
     if options:
         _set_model_options(config, options)
-    swept = config.sweep.key if "sweep" in config else ""
-    inside = [o for o in overrides if o.startswith((f"--config.{swept}=", f"--config.{swept}."))]
-    if swept and inside:
-        raise ValueError(
-            f"{inside[0].split('=', 1)[0]}: config.{swept} is set by the sweep (config.sweep.key={swept!r}), "
-            f"which replaces it in every run; override --config.sweep.grid=... instead, or turn the sweep "
-            f"off with --config.sweep.key="
-        )
+    _check_overrides_apply(config, overrides, options)
     return config
+
+
+def _check_overrides_apply(config, overrides: Sequence[str], options: dict[str, Any]) -> None:
+    """``ValueError`` for an override that would be discarded: one setting given twice (the model
+    option shorthand ``--config.model.depth`` beside ``--config.model.kwargs.depth``: the shorthand won
+    whatever the order), or a setting the sweep sets in every run (``config.sweep.key``), given
+    directly, through the shorthand, or inside a dict around it."""
+    from jaxnorm.train.config_checks import MODEL_KWARGS
+
+    keys = {}
+    for override in overrides:
+        key = _split_override(override)[0]
+        parts = key.split(".")
+        if len(parts) == 2 and parts[0] == "model" and parts[1] in options:  # the shorthand
+            key = f"{MODEL_KWARGS}.{parts[1]}"
+        if key in keys:
+            flag = override.split("=", 1)[0]
+            raise ValueError(f"{flag} and {keys[key]} set config.{key} twice; give it once")
+        keys[key] = override.split("=", 1)[0]
+    swept = config.sweep.key if "sweep" in config else ""
+    for key, flag in keys.items():
+        if swept and (key == swept or key.startswith(swept + ".") or swept.startswith(key + ".")):
+            raise ValueError(
+                f"{flag}: config.{swept} is set by the sweep (config.sweep.key={swept!r}), which replaces "
+                "it in every run; override --config.sweep.grid=... instead, or turn the sweep off with "
+                "--config.sweep.key="
+            )
 
 
 def _set_model_options(config, options: dict[str, Any]) -> None:

@@ -322,3 +322,22 @@ def test_sweep_run_names_stay_inside_the_workdir(name):
         experiment.expand_sweep(config)
     config.sweep.names = ("b", "c/sgdm")
     assert [n for n, _ in experiment.expand_sweep(config)] == ["b", "c/sgdm"]
+
+
+@pytest.mark.parametrize("override", [
+    "--config.model.depth=5", "--config.model.kwargs={'depth': 5}", "--config.model.kwargs.depth=5"
+])
+def test_an_override_of_a_swept_setting_is_refused_in_every_spelling(override):
+    """Only the literal ``--config.model.kwargs.depth`` was refused; the shorthand and a dict around it
+    were discarded by the sweep without a word (CLI fuzz of 2026-12-02)."""
+    sweep = ["--config.sweep.key=model.kwargs.depth", "--config.sweep.grid=(2, 4)", "--config.sweep.names=()"]
+    with pytest.raises(ValueError, match=r"config.model.kwargs.depth is set by the sweep"):
+        cli.load_config("fmnist_enorm_depth", [*sweep, override])
+
+
+def test_the_model_option_shorthand_beside_its_long_form_is_refused():
+    """``--config.model.width=8 --config.model.kwargs.width=16`` trained width 8 whatever the order."""
+    for order in (1, -1):
+        overrides = ["--config.model.width=8", "--config.model.kwargs.width=16"][::order]
+        with pytest.raises(ValueError, match=r"set config.model.kwargs.width twice"):
+            cli.load_config("fmnist_enorm_depth", overrides)
