@@ -341,3 +341,11 @@ def test_the_model_option_shorthand_beside_its_long_form_is_refused():
         overrides = ["--config.model.width=8", "--config.model.kwargs.width=16"][::order]
         with pytest.raises(ValueError, match=r"set config.model.kwargs.width twice"):
             cli.load_config("fmnist_enorm_depth", overrides)
+
+
+def test_a_sweep_value_of_the_wrong_type_is_a_value_error_naming_the_grid():
+    """A TypeError from ml_collections escaped the command line, which reports ValueErrors in one line."""
+    overrides = ["--config.sweep.key=num_steps", "--config.sweep.grid=(1.5, 2)", "--config.sweep.names=()"]
+    config = cli.load_config("fmnist_norms", overrides)
+    with pytest.raises(ValueError, match=r"config.sweep.grid: the value 1.5 for config.num_steps"):
+        experiment.expand_sweep(config)

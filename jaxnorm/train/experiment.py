@@ -92,7 +92,10 @@ def _set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None
     for part in parents:
         node = node[part]
     with node.unlocked():
-        node[leaf] = value
+        try:
+            node[leaf] = value
+        except TypeError as e:  # ml_collections: "... cannot be casted to type <class 'int'>"
+            raise ValueError(f"config.sweep.grid: the value {value!r} for config.{key}: {e}") from None
 
 
 def expand_sweep(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
