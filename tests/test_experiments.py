@@ -349,3 +349,14 @@ def test_a_sweep_value_of_the_wrong_type_is_a_value_error_naming_the_grid():
     config = cli.load_config("fmnist_norms", overrides)
     with pytest.raises(ValueError, match=r"config.sweep.grid: the value 1.5 for config.num_steps"):
         experiment.expand_sweep(config)
+
+
+def test_quick_mode_on_a_sliced_split_is_named():
+    """``train[:64]`` in quick mode became 'train[:64][:512]', a TFDS parse error that did not say quick."""
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", "--config.quick=True",
+                                              "--config.dataset.train_split=train[:64]"])
+    with pytest.raises(ValueError, match=r"config.quick=True .* config.dataset.train_split='train\[:64\]'"):
+        experiment.apply_quick(config)
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", "--config.quick_examples=3"])
+    with pytest.raises(ValueError, match=r"config\.quick_examples must be an int >= 4"):
+        experiment.validate(config)

@@ -412,7 +412,7 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
     minimum = {"num_steps": 0, "seed": 0, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
                "max_to_keep": 1}
     if "quick_steps" in config:  # an experiment's quick mode: 0 steps would fall back to num_epochs
-        minimum.update(quick_steps=1, quick_examples=2)
+        minimum.update(quick_steps=1, quick_examples=4)  # 4: batches of 2, which BatchNorm needs
     for key, low in minimum.items():
         value = config.get(key, low)
         if not is_int(value) or value < low:

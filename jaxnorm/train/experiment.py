@@ -133,6 +133,13 @@ def apply_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The smoke-test version of ``config``: few steps on a slice of the data, no progress bar."""
     config = copy.deepcopy(config)
     n = int(config.quick_examples)
+    for key in ("train_split", "eval_split"):
+        split = str(config.dataset[key])
+        if "[" in split or "+" in split:  # TFDS takes one slice per split: 'train[:64][:512]' is no split
+            raise ValueError(
+                f"config.quick=True takes the first {n} examples of each split, and config.dataset.{key}="
+                f"{split!r} is already a slice; give the unsliced split, or a short run with num_steps"
+            )
     with config.unlocked():
         config.num_steps = int(config.quick_steps)
         config.log_every = max(1, config.num_steps // 2)
