@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-__all__ = ["HessianEigen", "hessian_top_eigenvalue", "hvp", "scaled_l2_norm"]
+__all__ = ["HessianEigen", "check_float_params", "hessian_top_eigenvalue", "hvp", "scaled_l2_norm"]
 
 PyTree = Any
 
@@ -35,6 +35,17 @@ def hvp(loss_fn: Callable[..., jax.Array], params: PyTree, vector: PyTree, *args
     """Hessian-vector product ``(d^2 L / d p^2) v`` of ``L = loss_fn(params, *args, **kwargs)``."""
     grad_fn = jax.grad(lambda p: loss_fn(p, *args, **kwargs))
     return jax.jvp(grad_fn, (params,), (vector,))[1]
+
+
+def check_float_params(params: PyTree, caller: str) -> None:
+    """``ValueError`` naming ``caller`` and the leaf's path for a params leaf that is not floating point
+    (``jax.grad`` would fail on it with a raw dtype error)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(
+                f"{caller}: params{jax.tree_util.keystr(path)} has dtype {jnp.result_type(leaf)}; every "
+                "params leaf must be floating point (close over integer or boolean state in loss_fn instead)"
+            )
 
 
 def hessian_top_eigenvalue(
@@ -87,13 +98,7 @@ def hessian_top_eigenvalue(
         raise ValueError(f"hessian_top_eigenvalue: num_iters must be a positive int, got {num_iters!r}")
     num_iters = int(num_iters)
     _check_key(key)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-            raise ValueError(
-                f"hessian_top_eigenvalue: params{jax.tree_util.keystr(path)} has dtype "
-                f"{jnp.result_type(leaf)}; every params leaf must be floating point (close over "
-                "integer or boolean state in loss_fn instead)"
-            )
+    check_float_params(params, "hessian_top_eigenvalue")
     flat, unravel = ravel_pytree(params)
     if flat.size == 0:
         raise ValueError(

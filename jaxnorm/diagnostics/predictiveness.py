@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jaxnorm.diagnostics.hessian import scaled_l2_norm
+from jaxnorm.diagnostics.hessian import check_float_params, scaled_l2_norm
 
 __all__ = ["GradientPredictiveness", "gradient_predictiveness"]
 
@@ -97,13 +97,7 @@ def gradient_predictiveness(
         raise ValueError(
             f"gradient_predictiveness: params must hold at least one array element, got {params!r}"
         )
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-            raise ValueError(
-                f"gradient_predictiveness: params{jax.tree_util.keystr(path)} has dtype "
-                f"{jnp.result_type(leaf)}; every params leaf must be floating point (close over "
-                "integer or boolean state in loss_fn instead)"
-            )
+    check_float_params(params, "gradient_predictiveness")
 
     value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, *args, **kwargs))
     _, grads = value_and_grad(params)
