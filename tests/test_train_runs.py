@@ -367,3 +367,32 @@ def test_effective_learning_rate_of_a_diverged_layer_is_nan_not_inf():
     assert np.isnan(out["eff_lr/a/kernel"]) and out["eff_lr/b/kernel"] == np.inf
     assert out["eff_lr/c/kernel"] == pytest.approx(0.1 / 3)
     assert np.isnan(weight_norm_metrics({"b": params["b"]}, 0.0)["eff_lr/b/kernel"])
+
+
+def test_padded_training_batches_with_batch_statistics_are_refused(tmp_path):
+    """``drop_remainder=False`` training data: the copies that fill the last batch are masked out of the
+    loss but entered BatchNorm's statistics (a last batch of one example and its copies has zero
+    variance: the step was garbage, and differed with the device count). Distributed fuzz, 2026-12-02."""
+    from jaxnorm import models
+
+    data = _data(193)
+    padded = ArraySource(data, 64, seed=0, drop_remainder=False)
+    bn = models.create("mlp", num_classes=3, norm="bn", depth=1, width=8)
+    with pytest.raises(ValueError, match=r"pads its last batch \(193 examples, batches of 64"):
+        train({**SHORT, "num_steps": 2}, model=bn, train_data=padded)
+    plain = models.create("mlp", num_classes=3, norm="none", depth=1, width=8)
+    assert train({**SHORT, "num_steps": 2, "eval_every": 0}, model=plain, train_data=padded).state.step == 2
+    even = ArraySource(_data(192), 64, seed=0, drop_remainder=False)  # nothing to pad
+    assert train({**SHORT, "num_steps": 2, "eval_every": 0}, model=bn, train_data=even).state.step == 2
+
+
+def test_config_parallel_and_the_handed_parallelism_agree():
+    """A ``DataParallel`` handed to ``train`` made ``config.parallel`` unread: 'tpu-bogus' passed and
+    run.json recorded 'jit' for a pmap run."""
+    from jaxnorm.train import DataParallel
+
+    train_src, _ = _sources()
+    with pytest.raises(ValueError, match=r"config\.parallel must be 'jit' or 'pmap', got 'tpu-bogus'"):
+        train({**SHORT, "parallel": "tpu-bogus"}, model=Net(), train_data=train_src)
+    with pytest.raises(ValueError, match=r"config\.parallel='pmap', but train was handed a DataParallel"):
+        train({**SHORT, "parallel": "pmap"}, model=Net(), train_data=train_src, parallel=DataParallel("jit"))

@@ -417,6 +417,8 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
         value = config.get(key, low)
         if not is_int(value) or value < low:
             raise ValueError(f"config.{key} must be an int >= {low}, got {value!r}")
+    if config.get("parallel", "jit") not in ("jit", "pmap"):  # a value the loop would not read
+        raise ValueError(f"config.parallel must be 'jit' or 'pmap', got {config.get('parallel')!r}")
     epochs = config.get("num_epochs", 1.0)
     if not is_real(epochs) or not np.isfinite(epochs) or epochs < 0:
         raise ValueError(f"config.num_epochs must be a finite number >= 0, got {epochs!r}")

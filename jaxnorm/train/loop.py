@@ -51,6 +51,12 @@ from jaxnorm.train.metrics import (
 )
 from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 from jaxnorm.train.precision import initial_loss_scale
+from jaxnorm.train.run_checks import (
+    check_batch_norm_axis,
+    check_padded_training,
+    check_parallel_mode,
+    check_source_processes,
+)
 from jaxnorm.train.run_record import (
     RUN_FILE,
     SUMMARY_FILE,
@@ -196,10 +202,15 @@ def train(
     check_known_keys(config, cfg)
     cfg.update(python_scalars(dict(config)))
     check_loop_settings(cfg)
+    if parallel is not None:
+        check_parallel_mode(cfg.parallel, parallel.mode, explicit="parallel" in config)
+        cfg.parallel = parallel.mode  # what run.json records
     parallel = parallel or DataParallel(cfg.parallel)
     parallel.check_batch_size(train_data.global_batch_size)
+    check_source_processes(train_data, "train_data")
     if eval_data is not None:
         parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
+        check_source_processes(eval_data, "eval_data")
     primary = jax.process_index() == 0
     report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
@@ -227,6 +238,9 @@ def train(
             loss_scale=initial_loss_scale(cfg.precision),
         )
     )
+    check_padded_training(train_data, state.model_state)
+    if parallel.axis_name is not None:
+        check_batch_norm_axis(model, parallel.unreplicate(state).variables, images, parallel.axis_name)
     ckpt = None
     if workdir is not None:
         ckpt = Checkpointer(

@@ -23,6 +23,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm.functional.checks import is_int
+
 PyTree = Any
 
 MODES = ("jit", "pmap")
@@ -58,6 +60,30 @@ def initialize_distributed(
     )
 
 
+def _checked_devices(devices: Any) -> list[jax.Device]:
+    """``devices`` as a list; ``ValueError`` for none, a repeated one, or (several processes) a list that
+    leaves out a process: each process would then train its own model on its share of the batches
+    (``jax.local_devices()`` in a two-process run) and exit 0."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices names a device more than once: {devices}")
+    covered = {d.process_index for d in devices}
+    if covered != set(range(jax.process_count())):
+        raise ValueError(
+            f"devices must include devices of every one of the {jax.process_count()} processes, got devices "
+            f"of processes {sorted(covered)}: a run spans every process (default: jax.devices())"
+        )
+    per_process = {p: sum(d.process_index == p for d in devices) for p in covered}
+    if len(set(per_process.values())) > 1:
+        raise ValueError(
+            f"devices must give every process as many devices, got {per_process} (process: devices): "
+            "the global batch is split evenly over processes"
+        )
+    return devices
+
+
 class DataParallel:
     """Places states and batches and compiles steps for one parallelism ``mode``.
 
@@ -70,7 +96,7 @@ class DataParallel:
         if mode not in MODES:
             raise ValueError(f"parallel mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
-        self.devices = list(jax.devices() if devices is None else devices)
+        self.devices = _checked_devices(jax.devices() if devices is None else devices)
         self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
         self.mesh = Mesh(np.asarray(self.devices), (DATA_AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
@@ -88,7 +114,9 @@ class DataParallel:
         return len(self.devices)
 
     def check_batch_size(self, global_batch_size: int, what: str = "batch_size") -> None:
-        """Raises unless ``global_batch_size`` splits evenly over processes and devices."""
+        """Raises unless ``global_batch_size`` is an int >= 1 that splits evenly over the devices."""
+        if not is_int(global_batch_size) or global_batch_size < 1:
+            raise ValueError(f"{what} must be an int >= 1, got {global_batch_size!r}")
         if global_batch_size % self.num_devices:
             raise ValueError(
                 f"{what}={global_batch_size} must be divisible by the number of devices ({self.num_devices})"

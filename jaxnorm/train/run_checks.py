@@ -1,0 +1,76 @@
+"""Checks of what ``train`` is handed besides its config: the data sources, the parallelism and the
+model, each against the others. Every one of these combinations used to train without a word and give
+other numbers than the same run on one device (found by the distributed-training fuzz of 2026-12-02)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+PyTree = Any
+
+
+def check_source_processes(source: Any, what: str) -> None:
+    """``ValueError`` naming ``what`` when a source says which share of each global batch it delivers
+    (``process_index`` / ``process_count``, as :class:`jaxnorm.data.ArraySource`) and that is not this
+    process's share: two processes with ``process_index=0`` both feed the first half of every batch,
+    and the second half is never seen."""
+    index, count = getattr(source, "process_index", None), getattr(source, "process_count", None)
+    if index is None or count is None:
+        return
+    if (index, count) != (jax.process_index(), jax.process_count()):
+        raise ValueError(
+            f"{what} delivers the share of process {index} of {count}, but this is process "
+            f"{jax.process_index()} of {jax.process_count()}: build it with "
+            "process_index=jax.process_index(), process_count=jax.process_count() (jaxnorm.data's defaults)"
+        )
+
+
+def check_parallel_mode(configured: Any, mode: str, explicit: bool) -> None:
+    """``ValueError`` when the config's ``parallel`` names another mode than the ``DataParallel`` the run
+    was handed: the run record would say one and the run do the other. ``explicit``: the config sets
+    ``parallel`` itself (otherwise it takes the handed mode)."""
+    if explicit and configured != mode:
+        raise ValueError(
+            f"config.parallel={configured!r}, but train was handed a DataParallel of mode {mode!r}; "
+            "give one of them"
+        )
+
+
+def check_padded_training(source: Any, model_state: PyTree) -> None:
+    """``ValueError`` when training batches are filled up with copies of their examples
+    (``drop_remainder=False`` and a last partial batch) and the model keeps batch statistics: the
+    mask keeps the copies out of the loss, but not out of BatchNorm's statistics, which then weigh
+    some examples several times (a last batch of one example and its copies has zero variance)."""
+    pads = getattr(source, "drop_remainder", True) is False and (
+        source.num_examples % source.global_batch_size != 0
+    )
+    if pads and "batch_stats" in model_state:
+        raise ValueError(
+            f"the training data pads its last batch ({source.num_examples} examples, batches of "
+            f"{source.global_batch_size}, drop_remainder=False) and the model keeps batch statistics, "
+            "which the copies would enter: train with drop_remainder=True"
+        )
+
+
+def check_batch_norm_axis(model: Any, variables: PyTree, images: np.ndarray, axis_name: str | None) -> None:
+    """``ValueError`` when the step runs per device (``axis_name``: ``pmap``) and the model's BatchNorm
+    layers take their statistics without that axis, i.e. per device (8 devices: statistics over an
+    eighth of the batch, unlike the same run under ``jit`` or on one device). Tested by tracing one
+    training step outside ``pmap``: BatchNorm that reduces over ``axis_name`` cannot trace there."""
+    if axis_name is None or "batch_stats" not in variables:
+        return
+    rngs = {"dropout": jax.random.PRNGKey(0)}
+    step = lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"], rngs=rngs)
+    try:
+        jax.eval_shape(step, variables, images[:2])
+    except Exception:
+        return  # must), or a model this trace cannot run: nothing to say about it here
+    raise ValueError(
+        f"parallel='pmap' runs the step per device, and the model's BatchNorm takes no axis_name, so its "
+        f"statistics would be per device: create it with axis_name={axis_name!r} "
+        "(jaxnorm.train.experiment.build_model does), or use ghost batch norm (virtual_batch_size) for "
+        "statistics over a part of the batch"
+    )
