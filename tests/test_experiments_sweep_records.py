@@ -366,3 +366,13 @@ def test_a_cut_jsonl_line_is_named_with_its_file(tmp_path):
     path.write_text(json.dumps(_run("a", 0, 0.5)) + "\n" + '{"variant": "a", "se')
     with pytest.raises(ValueError, match=r"runs.jsonl line 2 is no JSON record"):
         resume_grid.read_runs(str(path))
+
+
+@needs_fmnist
+def test_grid_py_json_records_say_which_run_they_are(tiny, tmp_path):
+    """grid.py's JSON records held no seed or config: only their position in the list implied the seed."""
+    out = tmp_path / "grid.json"
+    grid.main([str(tiny), "--only", "bn", "--seeds", "1", "--set", "num_steps=2",
+               "--out", str(tmp_path / "figures"), "--json", str(out)])
+    (record,) = json.loads(out.read_text())["bn"]
+    assert (record["seed"], record["config"], record["sets"]) == (1, "tiny_config", ["num_steps=2"])

@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
     seeds = select_seeds(module, args.seeds)
     variants = select_variants(module.VARIANTS, args.only, in_only_order=False)
     check_set_conflicts(args.set, variants, has_grid=False)
+    config_name = os.path.splitext(os.path.basename(args.config))[0]
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="grid_records_") as records:  # recorded norms per seed
         for name, overrides in variants.items():
@@ -71,7 +72,8 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
                     name,
                     analysis=getattr(module, "ANALYSIS", ""),
                 )
-                results[name].append(r)
+                # which run it is, in the record itself (the file's list position only implied the seed)
+                results[name].append({**r, "seed": seed, "config": config_name, "sets": list(args.set)})
                 print(
                     f"{name} seed {seed}: test acc {100 * r['eval_accuracy']:.2f}%, {r['seconds']:.0f} s",
                     flush=True,
