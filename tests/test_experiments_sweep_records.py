@@ -11,6 +11,7 @@ dropped by a sweep over ``optimizer``, ``grid.py --only bm`` ran nothing and ove
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,3 +377,20 @@ def test_grid_py_json_records_say_which_run_they_are(tiny, tmp_path):
                "--out", str(tmp_path / "figures"), "--json", str(out)])
     (record,) = json.loads(out.read_text())["bn"]
     assert (record["seed"], record["config"], record["sets"]) == (1, "tiny_config", ["num_steps=2"])
+
+
+def test_the_grid_scripts_report_a_bad_argument_in_one_line(tiny, tmp_path):
+    """A refused argument was a traceback; it is one ``error:`` line and exit status 2, as in
+    ``python -m experiments``."""
+    import subprocess
+    import sys
+
+    script = str(Path(resume_grid.__file__))
+    done = subprocess.run([sys.executable, script, str(tiny), "--jsonl", str(tmp_path / "x.jsonl"),
+                           "--workdir", str(tmp_path / "runs"), "--grid", "seed=0,1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --grid seed=0,1: seed is not a setting of a grid run; give seeds with --seeds, which sets "
+        "each run's seed"
+    ]

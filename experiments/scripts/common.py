@@ -35,6 +35,17 @@ from jaxnorm.train.config_checks import dotted_keys, lookup, settable_keys, sugg
 from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 
 
+def command_line(main: Any) -> None:
+    """Runs a script's ``main()``; a ``ValueError`` (a bad argument, config or results file, named in its
+    message) is one ``error: ...`` line on stderr and exit status 2, as ``python -m experiments`` does,
+    instead of a traceback."""
+    try:
+        main()
+    except ValueError as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def load_module(name: str):
     """The config module ``name`` (a config name or a path); it must define ``VARIANTS``."""
     path = resolve(name)

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from experiments.scripts.common import (
     apply_sets,
     check_set_conflicts,
+    command_line,
     load_module,
     plot,
     report,
@@ -92,4 +93,4 @@ def main(argv: Sequence[str] | None = None, module=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    command_line(main)

@@ -57,6 +57,7 @@ from experiments.scripts.common import (
     apply_sets,
     check_run_key,
     check_set_conflicts,
+    command_line,
     load_module,
     run_config,
     run_one,
@@ -350,4 +351,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    command_line(main)
