@@ -22,7 +22,7 @@ import pytest
 
 COMMON = textwrap.dedent(
     """
-    import os, sys
+    import os, signal, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + sys.argv[1]
     import jax
     import numpy as np
@@ -103,17 +103,30 @@ MULTI_HOST_CHECKPOINT = COMMON + textwrap.dedent(
     initialize_distributed(f"localhost:{sys.argv[4]}", 2, int(sys.argv[3]))
     mode = sys.argv[5]
 
-    def run_in_workdir(steps, on_existing):
+    def run_in_workdir(steps, on_existing, wrap=lambda source: source):
         config = {**CONFIG, "num_steps": steps, "checkpoint_every": 1, "plots": False,
                   "on_existing": on_existing}
         model = models.create("mlp", num_classes=3, norm="bn", depth=2, width=16,
                               axis_name="batch" if mode == "pmap" else None)
-        source = ArraySource({"image": X, "label": Y}, 64, seed=0)
+        source = wrap(ArraySource({"image": X, "label": Y}, 64, seed=0))
         return train(config, model=model, train_data=source, parallel=DataParallel(mode),
                      workdir=os.path.join(out, "run_" + mode))
 
-    run_in_workdir(2, "resume")  # saves steps 1 and 2
-    save("dist_resumed_" + mode, run_in_workdir(3, "extend"))  # restores step 2 (constant lr)
+    class SigtermOnProcess1:  # SIGTERM reaches process 1 only, as it delivers step 2
+        def __init__(self, source):
+            self.source = source
+            self.steps_per_epoch, self.global_batch_size = source.steps_per_epoch, source.global_batch_size
+
+        def epoch(self, epoch, start=0):
+            for i, batch in enumerate(self.source.epoch(epoch, start), start):
+                if jax.process_index() == 1 and epoch * self.steps_per_epoch + i == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield batch
+
+    stopped = run_in_workdir(3, "resume", SigtermOnProcess1)  # both stop after step 2, saved
+    with open(os.path.join(out, f"stopped_{jax.process_index()}.txt"), "w") as f:
+        f.write(f"{stopped.preempted} {int(stopped.state.step)}")
+    save("dist_resumed_" + mode, run_in_workdir(3, "resume"))  # restores step 2
     jax.distributed.shutdown()
     """
 )
@@ -246,8 +259,12 @@ def test_two_processes_match_one_device(single_host, tmp_path):
 def test_two_processes_save_and_resume_checkpoints(single_host, tmp_path, mode):
     """Issue 16.2: two processes with parallel=pmap died at the first checkpoint save ("Cannot
     serialize host local jax.Array in multi-host setting"). Both modes save every step in a shared
-    workdir, and a second session restores step 2 and ends as the uninterrupted one-device run."""
+    workdir, and a second session restores step 2 and ends as the uninterrupted one-device run. The
+    first session is stopped by a SIGTERM that reaches process 1 only: both processes used to wait for
+    ever (the distributed fuzz of 2026-12-02); now both stop after step 2."""
     out, _ = single_host
     _two_processes(MULTI_HOST_CHECKPOINT, tmp_path, mode)
+    for process in (0, 1):
+        assert (tmp_path / f"stopped_{process}.txt").read_text() == "True 2"
     assert {"2", "3"} <= set(os.listdir(tmp_path / f"run_{mode}" / "checkpoints"))
     assert _max_diff(_load(out / "single.npz"), _load(tmp_path / f"dist_resumed_{mode}.npz")) < 1e-5

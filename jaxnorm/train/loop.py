@@ -457,7 +457,7 @@ def _loop(
                     bar.update(1)
                 if ckpt is not None:
                     t_save = time.perf_counter()
-                    stopping = stop.requested or ckpt.reached_preemption(s)
+                    stopping = _stop_agreed(stop.requested) or ckpt.reached_preemption(s)
                     if ckpt.saves_at(s, force=stopping or s == steps):
                         if pending:
                             flush(state)  # a run resumed from this checkpoint finds every record before it
@@ -466,7 +466,7 @@ def _loop(
                     if stopping:
                         preempted = s < steps
                         break
-                elif stop.requested:
+                elif _stop_agreed(stop.requested):
                     preempted = s < steps
                     break
         if pending:
@@ -490,6 +490,18 @@ def _loop(
         summary["resumed_from_step"] = start
     summary["preempted"] = preempted
     return RunResult(parallel.to_host(state), history, summary, preempted)
+
+
+def _stop_agreed(requested: bool) -> bool:
+    """Whether any process was asked to stop (SIGTERM): every process stops after the same step. A
+    signal that reached one process only made it leave the loop for a checkpoint save the others never
+    joined, and both waited for ever (found 2026-12-02). One small all-gather per step, with several
+    processes only."""
+    if jax.process_count() == 1:
+        return requested
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(requested))))
 
 
 def _write_outputs(workdir: str, cfg: ml_collections.ConfigDict, result: RunResult) -> None:
