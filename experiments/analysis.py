@@ -41,7 +41,6 @@ import argparse
 import functools
 import json
 import math
-import numbers
 import os
 import re
 from collections.abc import Sequence
@@ -53,9 +52,11 @@ from experiments.scripts.records import (
     as_recorded,
     check_no_repeated_runs,
     parse_value,
+    read_records,
     result_sets,
     split_values,
 )
+from jaxnorm.functional.checks import is_real
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -70,15 +71,11 @@ class Group(NamedTuple):
     n: int
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
-
-
 def from_values(values: Sequence[float]) -> Group:
     """``Group`` of per-seed values (std with ddof = 1). Equal values give exactly their value and std 0:
     NumPy's mean and two-pass std leave rounding residues (1.4e-14 for three 90.1s) that Welch's test
     would read as spread."""
-    if not isinstance(values, Sequence | np.ndarray) or not all(map(_is_number, values)):
+    if not isinstance(values, Sequence | np.ndarray) or not all(map(is_real, values)):
         raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
     v = np.asarray(values, dtype=float)
     if v.ndim != 1 or v.size == 0:
@@ -99,7 +96,7 @@ def accuracy(run: dict, where: str) -> float:
     for a missing, non-numeric or out-of-range one (a value already in % would average to 4540 %)
     and for a preempted run (its accuracy is not the final one)."""
     value = run.get("eval_accuracy") if isinstance(run, dict) else None
-    if not _is_number(value) or not 0.0 <= value <= 1.0:
+    if not is_real(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{where}: eval_accuracy must be a fraction in [0, 1], got {value!r}")
     if run.get("preempted"):
         raise ValueError(
@@ -112,9 +109,9 @@ def from_population_std(mean: float, std_ddof0: float, n: int) -> Group:
     """``Group`` from a mean and a population std (ddof = 0) over ``n`` seeds: ``s = std0 sqrt(n/(n-1))``."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 2:
         raise ValueError(f"n must be an int >= 2 to convert a population std, got {n!r}")
-    if not _is_number(std_ddof0) or not math.isfinite(std_ddof0) or std_ddof0 < 0:
+    if not is_real(std_ddof0) or not math.isfinite(std_ddof0) or std_ddof0 < 0:
         raise ValueError(f"std_ddof0 must be a finite number >= 0, got {std_ddof0!r}")
-    if not _is_number(mean) or not math.isfinite(mean):
+    if not is_real(mean) or not math.isfinite(mean):
         raise ValueError(f"mean must be a finite number, got {mean!r}")
     return Group(float(mean), float(std_ddof0) * math.sqrt(n / (n - 1)), n)
 
@@ -127,18 +124,7 @@ def load_results(name: str) -> dict | list:
         with open(path) as f:
             return json.load(f)
     if os.path.isfile(path + "l"):
-        runs = []
-        with open(path + "l") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    runs.append(json.loads(line))
-                except json.JSONDecodeError as e:  # a line a running sweep is still writing, say
-                    raise ValueError(
-                        f"{path}l line {number} is no JSON record ({e}): {line[:80]!r}"
-                    ) from None
-        return runs
+        return read_records(path + "l")
     raise ValueError(f"no results file {path}[l] (results: {', '.join(sorted(available()))})")
 
 
@@ -261,7 +247,7 @@ def linf_overestimate(n: int) -> float:
     ``C(n) * E[max_i |Z_i|]`` (``jaxnorm.functional.calibration``; 1 means calibrated)."""
     from jaxnorm.functional import expected_topk_abs_normal, linf_constant
 
-    if not _is_number(n) or n != int(n) or n < 1:
+    if not is_real(n) or n != int(n) or n < 1:
         raise ValueError(f"the batch size of {{linf:N}} must be an integer >= 1, got {n!r}")
     count = np.float64(n)  # float64 constants under x64, float32 otherwise: same to 1e-4
     return float(linf_constant(count) * expected_topk_abs_normal(count))
@@ -358,7 +344,7 @@ def sweep_table(name: str, row_keys: str, chosen_key: str = "") -> str:
 
 def _sort_key(value: object) -> tuple:
     """Numbers in numeric order first, then anything else by its text (None, strings, lists)."""
-    return (0, float(value), "") if _is_number(value) else (1, 0.0, repr(value))
+    return (0, float(value), "") if is_real(value) else (1, 0.0, repr(value))
 
 
 _PLACEHOLDER = re.compile(r"\{(m|d|dcurve|linf|sweep):([^{}]+)\}")

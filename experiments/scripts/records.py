@@ -83,6 +83,24 @@ def result_sets(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def read_records(path: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``path``, one record each (blank lines skipped); ``ValueError`` naming the file
+    and line for one that is no JSON (cut short by a kill while it was appended, or still being
+    written by a running sweep): json's own error named neither."""
+    records = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path} line {number} is no JSON record ({e}); remove or repair it: {line[:80]!r}"
+                ) from None
+    return records
+
+
 def as_recorded(value: Any) -> str:
     """``value`` as a JSON line holds it, as a string: a tuple and the list it is recorded as compare
     equal (``('a',)`` on the command line, ``["a"]`` in the file)."""

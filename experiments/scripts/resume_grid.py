@@ -69,6 +69,7 @@ from experiments.scripts.records import (
     check_no_repeated_runs,
     parse_set,
     parse_value,
+    read_records,
     result_sets,
     run_identity,
     split_values,
@@ -148,20 +149,7 @@ def code_version() -> str:
 
 def read_runs(path: str) -> list[dict[str, Any]]:
     """The finished runs of the JSONL file ``path`` (none if it does not exist)."""
-    if not os.path.exists(path):
-        return []
-    runs = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                runs.append(json.loads(line))
-            except json.JSONDecodeError as e:  # a line cut short by a kill while it was appended
-                raise ValueError(
-                    f"{path} line {number} is no JSON record ({e}); remove or repair it: {line[:80]!r}"
-                ) from None
-    return runs
+    return read_records(path) if os.path.exists(path) else []
 
 
 def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: str | None = None) -> Any:

@@ -22,12 +22,13 @@ local maxima, so :func:`fit_generalized_gaussian` first locates the best of a lo
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxnorm.functional.checks import is_int
 
 __all__ = ["GeneralizedGaussianFit", "fit_generalized_gaussian"]
 
@@ -106,7 +107,7 @@ def fit_generalized_gaussian(
       Varanasi & Aazhang (1989), Sec. 2.
     """
     low, high = _check_beta_range(beta_range)
-    if isinstance(num_iters, bool | np.bool_) or not isinstance(num_iters, numbers.Integral) or num_iters < 1:
+    if not is_int(num_iters) or num_iters < 1:
         raise ValueError(f"fit_generalized_gaussian: num_iters must be a positive int, got {num_iters!r}")
     num_iters = int(num_iters)
     if loc is not None and not isinstance(loc, jax.core.Tracer):

@@ -10,14 +10,14 @@ as forward-over-reverse differentiation ``jvp(grad(L), (p,), (v,))`` (Pearlmutte
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
+
+from jaxnorm.functional.checks import is_int
 
 __all__ = ["HessianEigen", "check_float_params", "hessian_top_eigenvalue", "hvp", "scaled_l2_norm"]
 
@@ -94,7 +94,7 @@ def hessian_top_eigenvalue(
     """
     if method not in ("lanczos", "power"):
         raise ValueError(f"hessian_top_eigenvalue: method must be 'lanczos' or 'power', got {method!r}")
-    if isinstance(num_iters, bool | np.bool_) or not isinstance(num_iters, numbers.Integral) or num_iters < 1:
+    if not is_int(num_iters) or num_iters < 1:
         raise ValueError(f"hessian_top_eigenvalue: num_iters must be a positive int, got {num_iters!r}")
     num_iters = int(num_iters)
     _check_key(key)

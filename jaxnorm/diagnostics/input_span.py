@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm.functional.linear import canonical_window
+
 __all__ = ["InputSpanProjection", "conv_patches", "input_span_projection"]
 
 
@@ -76,20 +78,14 @@ def conv_patches(
 
 
 def _int_pair(value: object, name: str) -> tuple[int, int]:
-    """``(n, n)`` for an int ``n``, else a pair of ints; all positive, or a ``ValueError`` naming ``name``."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
-        value = (value, value)
+    """``(n, n)`` for an int ``n``, else a pair of ints (:func:`jaxnorm.functional.linear.canonical_window`,
+    as a 2-D convolution reads them); all positive, or a ``ValueError`` naming ``name``."""
     try:
-        pair = tuple(value)
-    except TypeError:
-        pair = ()
-    if len(pair) != 2 or not all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_) and v >= 1 for v in pair
-    ):
+        return canonical_window(value, 2, name)
+    except (ValueError, TypeError):
         raise ValueError(
             f"conv_patches: {name} must be a positive int or a pair of positive ints, got {value!r}"
-        )
-    return int(pair[0]), int(pair[1])
+        ) from None
 
 
 def input_span_projection(kernel: jax.Array, inputs: jax.Array, *, rtol: float = 1e-6) -> InputSpanProjection:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxnorm.functional.checks import is_int, is_real
+from jaxnorm.train.sharding import MODES
 
 MODEL_KWARGS = "model.kwargs"
 """Where a run's model options live; ``--config.model.<option>`` is a shorthand for it."""
@@ -417,7 +418,7 @@ def check_loop_settings(config: Mapping[str, Any]) -> None:
         value = config.get(key, low)
         if not is_int(value) or value < low:
             raise ValueError(f"config.{key} must be an int >= {low}, got {value!r}")
-    if config.get("parallel", "jit") not in ("jit", "pmap"):  # a value the loop would not read
+    if config.get("parallel", "jit") not in MODES:  # a value the loop would not read
         raise ValueError(f"config.parallel must be 'jit' or 'pmap', got {config.get('parallel')!r}")
     epochs = config.get("num_epochs", 1.0)
     if not is_real(epochs) or not np.isfinite(epochs) or epochs < 0:
