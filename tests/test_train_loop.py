@@ -1,6 +1,7 @@
 """The loop end to end on a small BN network: learning, metrics, plots, checkpoints, exact resume."""
 
 import os
+import shutil
 import signal
 
 import flax.linen as nn
@@ -379,3 +380,51 @@ def test_a_run_resumed_after_a_crash_keeps_every_metrics_record(tmp_path):
     steps = [r["step"] for r in read_jsonl(str(tmp_path / "b" / "metrics.jsonl")) if r["split"] == "train"]
     assert steps == list(range(1, 9))
     assert resumed.summary["train_loss"] == pytest.approx(reference.summary["train_loss"], rel=1e-6)
+
+
+def test_float16_checkpoint_written_before_the_skip_count_resumes(tmp_path):
+    """A float16 checkpoint whose loss scale has no ``skipped`` count (written before the count
+    existed) resumes to the same end as an uninterrupted run; its ``lr`` is then read at the loop's
+    step, as before."""
+    config = {**CONFIG, "precision": "float16"}
+    train_src, eval_src = _sources()
+    reference = train(config, model=Net(), train_data=train_src, eval_data=eval_src)
+    assert reference.summary["skipped_steps"] == 0
+    workdir = str(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(config, model=Net(), train_data=CrashAt(train_src, 7, "crash"), eval_data=eval_src,
+              workdir=workdir)
+    state = Checkpointer(workdir + "/checkpoints").restore(jax.tree.map(np.asarray, reference.state), 4)
+    old = jax.device_get(state)._replace(loss_scale=state.loss_scale._replace(skipped=None))
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))
+    ckpt = Checkpointer(workdir + "/checkpoints")
+    ckpt.save(4, old)
+    ckpt.close()
+    resumed = train(config, model=Net(), train_data=train_src, eval_data=eval_src, workdir=workdir)
+    assert resumed.state.loss_scale.skipped is None
+    assert _leaves_equal(resumed.state.params, reference.state.params)
+
+
+class LoudNet(Net):
+    """``Net`` with logits scaled by 16: at the initial loss scale 2^15 its float16 gradients
+    overflow at three of the first steps, so the loop skips those updates."""
+
+    def __call__(self, x, train):
+        return super().__call__(x, train) * 16.0
+
+
+def test_float16_skips_are_counted_reported_and_the_lr_record_follows_the_updates(capsys):
+    train_src, eval_src = _sources()
+    result = train({**CONFIG, "precision": "float16"}, model=LoudNet(), train_data=train_src,
+                   eval_data=eval_src)
+    records = [r for r in result.history if r["split"] == "train"]
+    skipped = [int(r["skipped_steps"]) for r in records]
+    assert skipped[-1] == result.summary["skipped_steps"] == int(result.state.loss_scale.skipped) >= 2
+    assert skipped[5] == skipped[-1], "the test needs the skips before the schedule's boundary"
+    before = [0, *skipped[:-1]]  # skips before each step
+    # the step schedule drops 0.2 -> 0.02 at update 6: the first record at 0.02 is the step whose
+    # update is the 7th applied one
+    steps = [r["step"] for r in records]
+    expected = [0.2 if step - 1 - b < 6 else 0.02 for step, b in zip(steps, before, strict=True)]
+    np.testing.assert_allclose([r["lr"] for r in records], expected, rtol=1e-6)
+    assert f"{skipped[-1]} of 12 steps overflowed and were skipped" in capsys.readouterr().out

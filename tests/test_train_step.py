@@ -173,6 +173,39 @@ def test_float16_overflow_skips_the_update_and_halves_the_scale():
     assert int(new.step) == 1
 
 
+def _optimizer_update_count(opt_state, accumulate):
+    """The update count that the learning-rate schedule inside ``opt_state`` reads (optax's own)."""
+    if accumulate > 1:
+        return int(opt_state.gradient_step)
+    return int(opt_state[-1].count)  # sgd(schedule) = chain(trace, scale_by_learning_rate)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_recorded_lr_is_the_rate_of_the_update_after_float16_skips(accumulate):
+    """A step skipped for overflow keeps the optimizer state, so the schedule's count stays; the
+    recorded ``lr`` used to be the schedule at the loop's step, ahead by one per skip."""
+    model, _, state, batch = _bn_setup()
+    schedule = optax.linear_schedule(1.0, 0.1, 12)
+    tx = optax.sgd(schedule, momentum=0.9)
+    if accumulate > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
+    state = create_train_state(model.init, tx, jax.random.PRNGKey(0), batch["image"])
+    state = state._replace(loss_scale=initial_loss_scale("float16", init_scale=2.0**22))
+    step = jax.jit(
+        make_train_step(model.apply, tx, schedule=schedule, precision="float16", accumulate_steps=accumulate)
+    )
+    recorded, used, scales = [], [], []
+    for _ in range(12):
+        used.append(float(schedule(_optimizer_update_count(state.opt_state, accumulate))))
+        scales.append(float(state.loss_scale.scale))
+        state, metrics = step(state, batch)
+        recorded.append(float(metrics["lr"]))
+    skips = sum(a > b for a, b in zip(scales, [*scales[1:], float(state.loss_scale.scale)], strict=True))
+    assert skips >= 2, "the test needs overflows"
+    np.testing.assert_allclose(recorded, used, rtol=1e-6)
+    assert int(state.loss_scale.skipped) == int(metrics["skipped_steps"]) == skips
+
+
 def test_loss_scale_grows_after_a_period_of_finite_steps():
     state = LossScale(jnp.float32(8.0), jnp.int32(0))
     for _ in range(3):

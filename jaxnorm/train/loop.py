@@ -85,7 +85,8 @@ class RunResult(NamedTuple):
       history: every metrics record of the run (train records per step, eval records).
       summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch, or over
         the second half of a run shorter than two epochs), ``eval_loss``, ``eval_accuracy``,
-        ``best_eval_accuracy``, ``steps``, ``seconds`` (wall time of the step loop, this session),
+        ``best_eval_accuracy``, ``steps``, ``skipped_steps`` (float16: the steps whose update
+        overflowed and was skipped), ``seconds`` (wall time of the step loop, this session),
         ``images_per_second`` (training throughput after the first, compiling step; evaluation and
         checkpoint writing excluded; absent when the session timed no step), ``preempted``,
         ``resumed_from_step`` (when this session continued a run), ``recorded`` (``True`` when the run
@@ -265,9 +266,23 @@ def train(
     )
     run_steps = _make_steps(model, tx, schedule, cfg, parallel, transport, hook)
     result = _loop(cfg, parallel, run_steps, state, train_data, eval_data, workdir, ckpt, start, steps)
+    if result.summary.get("skipped_steps") and not result.preempted:
+        report(_skipped_message(int(result.summary["skipped_steps"]), steps, cfg.optimizer))
     if workdir is not None and primary:
         _write_outputs(workdir, cfg, result)
     return result
+
+
+def _skipped_message(skipped: int, steps: int, optimizer: ml_collections.ConfigDict) -> str:
+    """The end-of-run line of a float16 run some of whose updates overflowed."""
+    accumulate = int(optimizer.get("accumulate_steps", 1))
+    updates = steps // accumulate
+    applied = (steps - skipped) // accumulate
+    return (
+        f"float16: {skipped} of {steps} steps overflowed and were skipped: {applied} of {updates} "
+        "updates applied, the learning-rate schedule ended at its update "
+        f"{applied} (docs/training.md, 'Mixed precision')"
+    )
 
 
 def _silent(*args: Any, **kwargs: Any) -> None:
@@ -524,6 +539,8 @@ def _summary(history: list[dict[str, Any]], steps_per_epoch: int) -> dict[str, A
     train = [r for r in history if r["split"] == "train"]
     evals = [r for r in history if r["split"] == "eval"]
     summary: dict[str, Any] = {"steps": float(train[-1]["step"]) if train else 0.0}
+    if train and "skipped_steps" in train[-1]:
+        summary["skipped_steps"] = train[-1]["skipped_steps"]
     if train:
         last = train[-min(steps_per_epoch, max(1, len(train) // 2)) :]
         # float(): a non-finite value is recorded as its string ("nan", "inf"; metrics._jsonable)

@@ -24,7 +24,8 @@ class TrainState(NamedTuple):
     """State of a training run (a pytree).
 
     Attributes:
-      step: int32 scalar, number of optimizer updates applied so far (micro-steps when accumulating).
+      step: int32 scalar, the loop's steps so far (micro-steps when accumulating), skipped ones included
+        (``loss_scale.skipped`` counts those, float16 only).
       params: the ``"params"`` collection of the model.
       model_state: every other variable collection of the model (e.g. ``{"batch_stats": ...}``).
       opt_state: the optax state of ``tx``.

@@ -17,7 +17,13 @@ import optax
 
 from jaxnorm.train.metrics import layer_angular_updates
 from jaxnorm.train.params_hooks import ParamsHook
-from jaxnorm.train.precision import adjust_loss_scale, all_finite, cast_floating, compute_dtype
+from jaxnorm.train.precision import (
+    adjust_loss_scale,
+    all_finite,
+    applied_steps,
+    cast_floating,
+    compute_dtype,
+)
 from jaxnorm.train.state import TrainState
 
 PyTree = Any
@@ -72,7 +78,8 @@ def make_train_step(
     Args:
       apply_fn: ``model.apply``.
       tx: the optax transformation that ``state.opt_state`` belongs to.
-      schedule: the LR schedule, only to report ``lr`` in the metrics.
+      schedule: the LR schedule, only to report ``lr`` in the metrics: the rate of the optimizer's
+        own update count, which a step skipped for overflow (float16) does not advance.
       accumulate_steps: micro-steps per update (to report the LR of the current update).
       precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of activations and of the params
         copy used in the forward pass; master params, optimizer state and BN statistics stay float32
@@ -94,7 +101,8 @@ def make_train_step(
     its gradient and the metrics: they are those of the real examples (:func:`_mean_over_examples`).
 
     Metrics: ``loss`` (the cross-entropy; without the hook's penalty), ``accuracy``, ``lr`` (with
-    ``schedule``), ``grad_norm`` (if asked; of the unscaled gradient), ``loss_scale`` (float16 only),
+    ``schedule``), ``grad_norm`` (if asked; of the unscaled gradient), ``loss_scale`` and
+    ``skipped_steps`` (float16 only; the steps skipped for overflow so far, this one included),
     ``penalty`` (with ``params_hook``).
     """
     dtype = compute_dtype(precision)
@@ -162,8 +170,11 @@ def make_train_step(
         if scaled:
             metrics["loss_scale"] = state.loss_scale.scale
         metrics = _pmean(metrics, axis_name)
+        if scaled and loss_scale.skipped is not None:
+            metrics["skipped_steps"] = loss_scale.skipped
         if schedule is not None:
-            metrics["lr"] = jnp.asarray(schedule(state.step // accumulate_steps), jnp.float32)
+            update = applied_steps(state.step, state.loss_scale) // accumulate_steps
+            metrics["lr"] = jnp.asarray(schedule(update), jnp.float32)
         new_state = TrainState(
             step=state.step + 1,
             params=params,
