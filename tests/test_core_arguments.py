@@ -741,6 +741,35 @@ def test_complex_batch_norm_across_devices_weighs_each_element_once():
         )
 
 
+def _psums(jaxpr) -> int:
+    """The ``psum`` equations of a (closed) jaxpr, sub-jaxprs included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "psum"
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            count += _psums(sub)
+    return count
+
+
+def test_complex_batch_norm_with_a_mask_takes_the_mask_counts_once_across_devices():
+    """The mask's counts feed the masked means and the running update: the update takes no collective
+    of its own (it used to take the counts again, one more ``psum``)."""
+    from jaxnorm.functional.layers import complex_batch_norm_layer
+
+    x = jnp.ones((4, 4, 3), jnp.complex64)
+    mask = jnp.ones((4, 4, 3), bool)
+    stats = {"running_mean": jnp.zeros(3, jnp.complex64), "running_var": jnp.ones(3)}
+
+    def psums(update):
+        def layer(xs, ms):
+            return complex_batch_norm_layer(xs, **stats, scale=None, bias=None, use_running_average=False,
+                                            update_running_stats=update, axis_name="d", mask=ms)
+
+        return _psums(jax.make_jaxpr(jax.vmap(layer, axis_name="d"))(x, mask).jaxpr)
+
+    assert psums(True) == psums(False) >= 2
+
+
 def test_complex_per_example_norm_p1_is_refused_by_name():
     with pytest.raises(TypeError, match="p=2 only"):
         jn.LayerNorm(p=1).init(KEY, _complex_input())

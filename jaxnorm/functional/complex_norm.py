@@ -25,7 +25,13 @@ from jax import lax
 from jaxnorm.functional.checks import PNorm, canonical_p, check_epsilon, check_mask
 from jaxnorm.functional.collectives import AxisIndexGroups
 
-__all__ = ["check_complex_p", "complex_moments", "complex_normalize", "complex_statistics_dtype"]
+__all__ = [
+    "check_complex_p",
+    "complex_mask_counts",
+    "complex_moments",
+    "complex_normalize",
+    "complex_statistics_dtype",
+]
 
 
 def check_complex_p(p: PNorm | float, layer: str) -> None:
@@ -64,12 +70,15 @@ def complex_moments(
     axis_name: str | Sequence[str] | None = None,
     axis_index_groups: AxisIndexGroups = None,
     dtype: jnp.dtype | None = None,
+    count: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(mu, var)`` of complex ``x`` over ``axes``, keepdims, in :func:`complex_statistics_dtype` of
-    ``x`` and the module's ``dtype`` (``var`` real); ``centred=False``: ``(0, E|x|^2)``."""
+    ``x`` and the module's ``dtype`` (``var`` real); ``centred=False``: ``(0, E|x|^2)``. ``count``: the
+    mask's :func:`complex_mask_counts`, where the caller has them already (one collective fewer)."""
     x = x.astype(complex_statistics_dtype(x, dtype))
     mask = check_mask(mask, x)
-    count = None if mask is None else _counts(mask, axes, axis_name, axis_index_groups)
+    if mask is not None and count is None:
+        count = complex_mask_counts(mask, axes, axis_name, axis_index_groups)
 
     def mean(*values: jnp.ndarray) -> tuple[jnp.ndarray, ...]:
         if mask is not None:
@@ -91,8 +100,11 @@ def complex_moments(
     return mu, _empty_groups_at_one(var, count)
 
 
-def _counts(mask: jnp.ndarray, axes: tuple[int, ...], axis_name, axis_index_groups) -> jnp.ndarray:
-    """The number of True elements of ``mask`` per group, on every device of ``axis_name`` together."""
+def complex_mask_counts(
+    mask: jnp.ndarray, axes: tuple[int, ...], axis_name=None, axis_index_groups: AxisIndexGroups = None
+) -> jnp.ndarray:
+    """The number of True elements of ``mask`` per group (keepdims, float32), on every device of
+    ``axis_name`` together."""
     count = jnp.sum(mask, axes, keepdims=True, dtype=jnp.float32)
     if axis_name is None:
         return count
@@ -108,7 +120,7 @@ def _masked_means(
     axis_index_groups,
 ) -> tuple[jnp.ndarray, ...]:
     """The means of ``values`` over the True elements of ``mask`` on every device together (each element
-    weighs once; ``count``: :func:`_counts`), 0 for a group without elements (no ``0 / 0``)."""
+    weighs once; ``count``: :func:`complex_mask_counts`), 0 for a group without elements (no ``0 / 0``)."""
     totals = tuple(jnp.sum(jnp.where(mask, v, 0), axes, keepdims=True) for v in values)
     if axis_name is not None:
         totals = lax.psum(totals, axis_name, axis_index_groups=axis_index_groups)

@@ -27,7 +27,12 @@ from jaxnorm.functional.checks import (
     num_groups_of,
 )
 from jaxnorm.functional.collectives import AxisIndexGroups
-from jaxnorm.functional.complex_norm import check_complex_p, complex_moments, complex_normalize
+from jaxnorm.functional.complex_norm import (
+    check_complex_p,
+    complex_mask_counts,
+    complex_moments,
+    complex_normalize,
+)
 from jaxnorm.functional.moments import ChannelGroups, stats_dtype, widened_float16
 from jaxnorm.functional.normalize import normalize
 from jaxnorm.functional.options import BatchOptions
@@ -250,19 +255,29 @@ def complex_batch_norm_layer(
     shape = _feature_shape(x, feature_axes)
     out_dtype = _output_dtype(dtype, x, scale, bias)
     scale, bias = _expand(scale, shape), _expand(bias, shape)
+    mask = check_mask(mask, x)
+    count = None
     if use_running_average:
         mean, var = running_mean.reshape(shape), running_var.reshape(shape)
     else:
+        if mask is not None:  # once: the masked means and the running update both read it
+            count = complex_mask_counts(mask, reduce_axes, axis_name, axis_index_groups)
         mean, var = complex_moments(
-            x, reduce_axes, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype
+            x,
+            reduce_axes,
+            mask=mask,
+            axis_name=axis_name,
+            axis_index_groups=axis_index_groups,
+            dtype=dtype,
+            count=count,
         )
     y = complex_normalize(x, mean, var, epsilon=epsilon, scale=scale, bias=bias, dtype=out_dtype)
     if use_running_average or not update_running_stats:
         return BatchNormOutput(y, running_mean, running_var)
     new_mean = momentum * running_mean + (1 - momentum) * lax.stop_gradient(mean).reshape(running_mean.shape)
     new_var = momentum * running_var + (1 - momentum) * lax.stop_gradient(var).reshape(running_var.shape)
-    occupied = _occupied(x, feature_axes, mask, None, axis_name, axis_index_groups)
-    if occupied is not None:  # a feature that keeps no element of the mask keeps its running statistics
+    if count is not None:  # a feature that keeps no element of the mask keeps its running statistics
+        occupied = count > 0
         new_mean = jnp.where(occupied.reshape(running_mean.shape), new_mean, running_mean)
         new_var = jnp.where(occupied.reshape(running_var.shape), new_var, running_var)
     return BatchNormOutput(y, new_mean, new_var)
