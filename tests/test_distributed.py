@@ -92,6 +92,11 @@ MULTI_HOST = COMMON + textwrap.dedent(
               train_data=ArraySource({"image": X, "label": Y}, 64, seed=0, process_index=0, process_count=4))
     except ValueError as e:
         errors.append(str(e))
+    try:  # both built as process 0 of 2: only process 1 can see it (process 0 used to wait for ever)
+        train(CONFIG, model=models.create("mlp", num_classes=3, norm="none", depth=1, width=8),
+              train_data=ArraySource({"image": X, "label": Y}, 64, seed=0, process_index=0, process_count=2))
+    except ValueError as e:
+        errors.append(str(e))
     with open(os.path.join(out, f"errors_{jax.process_index()}.txt"), "w") as f:
         f.write(chr(10).join(errors))
     jax.distributed.shutdown()
@@ -252,7 +257,10 @@ def test_two_processes_match_one_device(single_host, tmp_path):
     errors = (tmp_path / "errors_1.txt").read_text().splitlines()
     assert errors[0].startswith("devices must include devices of every one of the 2 processes")
     assert errors[1].startswith("train_data delivers the share of process 0 of 4, but this is process 1 of 2")
-    assert "devices must include devices of every one" in (tmp_path / "errors_0.txt").read_text()
+    assert errors[2].startswith("train_data delivers the share of process 0 of 2, but this is process 1 of 2")
+    errors_0 = (tmp_path / "errors_0.txt").read_text().splitlines()
+    assert errors_0[0].startswith("devices must include devices of every one")
+    assert errors_0[2] == "the run's checks failed on process(es) [1] (see the error there); process 0 stops too"
 
 
 @pytest.mark.parametrize("mode", ["pmap", pytest.param("jit", marks=pytest.mark.slow)])

@@ -52,6 +52,7 @@ from jaxnorm.train.metrics import (
 from jaxnorm.train.norm_records import recorded_norms, save_recorded_norms
 from jaxnorm.train.precision import initial_loss_scale
 from jaxnorm.train.run_checks import (
+    agreed_by_every_process,
     check_batch_norm_axis,
     check_padded_training,
     check_parallel_mode,
@@ -200,18 +201,19 @@ def train(
       finished is not trained again: its recorded summary is returned, marked ``recorded``.
     """
     cfg = default_config()
-    check_known_keys(config, cfg)
-    cfg.update(python_scalars(dict(config)))
-    check_loop_settings(cfg)
-    if parallel is not None:
-        check_parallel_mode(cfg.parallel, parallel.mode, explicit="parallel" in config)
-        cfg.parallel = parallel.mode  # what run.json records
-    parallel = parallel or DataParallel(cfg.parallel)
-    parallel.check_batch_size(train_data.global_batch_size)
-    check_source_processes(train_data, "train_data")
-    if eval_data is not None:
-        parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
-        check_source_processes(eval_data, "eval_data")
+    with agreed_by_every_process("the run's checks"):
+        check_known_keys(config, cfg)
+        cfg.update(python_scalars(dict(config)))
+        check_loop_settings(cfg)
+        if parallel is not None:
+            check_parallel_mode(cfg.parallel, parallel.mode, explicit="parallel" in config)
+            cfg.parallel = parallel.mode  # what run.json records
+        parallel = parallel or DataParallel(cfg.parallel)
+        parallel.check_batch_size(train_data.global_batch_size)
+        check_source_processes(train_data, "train_data")
+        if eval_data is not None:
+            parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
+            check_source_processes(eval_data, "eval_data")
     primary = jax.process_index() == 0
     report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)

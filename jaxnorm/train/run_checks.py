@@ -4,12 +4,41 @@ other numbers than the same run on one device (found by the distributed-training
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
 PyTree = Any
+
+
+@contextlib.contextmanager
+def agreed_by_every_process(what: str) -> Iterator[None]:
+    """Runs the checks of the block on every process, and every process raises when one of them fails.
+
+    A check that fails on one process only (its data source built as another process's share) used
+    to raise there while the others went on to their first collective and waited for ever. The
+    processes now exchange one flag after the block (an all-gather; nothing with one process): a
+    failing process raises its own error, the others a ``ValueError`` naming it.
+    """
+    failure: Exception | None = None
+    try:
+        yield
+    except Exception as error:  # every process must reach the exchange, whatever failed
+        failure = error
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = np.asarray(multihost_utils.process_allgather(np.asarray(failure is not None))).reshape(-1)
+        if failure is None and failed.any():
+            raise ValueError(
+                f"{what} failed on process(es) {np.flatnonzero(failed).tolist()} (see the error there); "
+                f"process {jax.process_index()} stops too"
+            )
+    if failure is not None:
+        raise failure
 
 
 def check_source_processes(source: Any, what: str) -> None:
