@@ -260,7 +260,9 @@ def test_two_processes_match_one_device(single_host, tmp_path):
     assert errors[2].startswith("train_data delivers the share of process 0 of 2, but this is process 1 of 2")
     errors_0 = (tmp_path / "errors_0.txt").read_text().splitlines()
     assert errors_0[0].startswith("devices must include devices of every one")
-    assert errors_0[2] == "the run's checks failed on process(es) [1] (see the error there); process 0 stops too"
+    assert errors_0[2] == (
+        "the run's checks failed on process(es) [1] (see the error there); process 0 stops too"
+    )
 
 
 @pytest.mark.parametrize("mode", ["pmap", pytest.param("jit", marks=pytest.mark.slow)])

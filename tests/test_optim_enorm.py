@@ -6,6 +6,7 @@ import functools
 import textwrap
 from typing import NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from multidevice import run_on_devices
 
 from jaxnorm.enorm import chain, enorm_balance
+from jaxnorm.enorm.spec import ChainMemory
 from jaxnorm.optim import enorm
 from tests import enorm_models as models
 
@@ -263,3 +265,46 @@ def test_float32_large_rescale_lands_within_tolerance():
 
 def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+class HeadFirst(nn.Module):
+    """The output layer built first (``Dense_0``) and called last: the names do not number the
+    layers in call order; the params dict, inserted in call order, does."""
+
+    @nn.compact
+    def __call__(self, x):
+        head, body = nn.Dense(6), nn.Dense(6)
+        return head(nn.relu(body(x)))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_chain_of_a_call_ordered_dict_is_the_bare_balance_s(jit):
+    """``optim.enorm`` reads the chain as ``enorm_balance`` does, from the dict's call order, also under
+    ``jit`` (which sorts the keys): the update passed the params through ``nnx.as_pure``, which sorted
+    them, and balanced the output layer into the hidden one (a 21 % change of the output at lr 0)."""
+    net, x = HeadFirst(), jax.random.normal(jax.random.key(0), (10, 6))
+    params = net.init(jax.random.key(1), x)["params"]
+    params = {"Dense_1": {**params["Dense_1"], "kernel": params["Dense_1"]["kernel"] * 8.0},
+              "Dense_0": params["Dense_0"]}
+    assert list(params) == ["Dense_1", "Dense_0"]
+    tx = enorm(optax.sgd(0.0))
+    update = jax.jit(tx.update) if jit else tx.update
+    updates, _ = update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    reference = net.apply({"params": params}, x)
+    np.testing.assert_allclose(net.apply({"params": new}, x), reference, rtol=1e-5,
+                               atol=1e-5 * float(jnp.abs(reference).max()))
+    balanced = enorm_balance(params)
+    np.testing.assert_allclose(new["Dense_1"]["kernel"], balanced["Dense_1"]["kernel"], rtol=1e-5)
+
+
+def test_chain_memory_gives_sorted_params_the_call_order_seen_before():
+    net, x = HeadFirst(), jnp.ones((2, 6))
+    params = net.init(jax.random.key(1), x)["params"]
+    ordered = {"Dense_1": params["Dense_1"], "Dense_0": params["Dense_0"]}
+    rebuilt = jax.tree.map(lambda a: a, ordered)  # what jit hands a transformation: sorted keys
+    assert list(rebuilt) == ["Dense_0", "Dense_1"] and chain(rebuilt) != chain(ordered)
+    memory = ChainMemory()
+    assert memory(rebuilt) == chain(rebuilt)  # nothing seen yet: the names' order
+    assert memory(ordered) == chain(ordered)
+    assert memory(rebuilt) == chain(ordered)  # the same structure: the call order seen

@@ -25,11 +25,21 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from jaxnorm.enorm.trees import is_variables, split_params
 
-__all__ = ["Entry", "Junction", "Spec", "chain", "entry_index", "get_leaf", "unwrap_variables"]
+__all__ = [
+    "ChainMemory",
+    "Entry",
+    "Junction",
+    "Spec",
+    "chain",
+    "entry_index",
+    "get_leaf",
+    "unwrap_variables",
+]
 
 PyTree = Any
 Path = tuple[Any, ...]
@@ -340,3 +350,33 @@ def chain(params: PyTree) -> Spec:
             producers.append(((*a.path, "bias"), 0))
         junctions.append(Junction(tuple(producers), (_link(a, b),)))
     return Spec(junctions)
+
+
+def _records_call_order(tree: Any) -> bool:
+    """Whether some dict of ``tree`` keeps Flax's insertion order (rule 1 of :func:`chain`)."""
+    if not isinstance(tree, Mapping):
+        return False
+    return _recorded(tree) or any(_records_call_order(value) for value in tree.values())
+
+
+class ChainMemory:
+    """:func:`chain` for an optax transformation, which sees the params again at every ``update``.
+
+    Rule 1 of :func:`chain` reads the call order from a dict's insertion order, and every ``jax.tree``
+    rebuild loses it, ``jit``'s included: an ``update`` under ``jit`` would see sorted keys and fall
+    back on the names (rule 2), another chain where the names do not number the layers in call order
+    (a module built before another and called after it). The chain of params that record their call
+    order (``init`` on the params as the user holds them) is remembered per tree structure, and params
+    of that structure with sorted keys get it.
+    """
+
+    def __init__(self) -> None:
+        self._specs: dict[Any, Spec] = {}
+
+    def __call__(self, params: PyTree) -> Spec:
+        structure = jax.tree.structure(params)
+        if _records_call_order(params):
+            self._specs[structure] = chain(params)
+        elif structure not in self._specs:
+            return chain(params)
+        return self._specs[structure]

@@ -30,7 +30,7 @@ from jaxnorm.enorm.balance import (
     enorm_balance,
     multipliers,
 )
-from jaxnorm.enorm.spec import Junction, chain
+from jaxnorm.enorm.spec import ChainMemory, Junction
 from jaxnorm.optim import landing
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 from jaxnorm.optim.state import check_rescaling_law, rescale_state
@@ -120,8 +120,10 @@ def enorm(
 
     with_extra_args = optax.with_extra_args_support(inner)
 
+    remembered_chain = ChainMemory()  # the call order of init's params, for update under jit
+
     def junctions(params: PyTree) -> Sequence[Junction]:
-        return chain(params) if spec is None else spec
+        return remembered_chain(params) if spec is None else spec
 
     def init_fn(params: PyTree) -> EnormState:
         _check_floating(params)

@@ -88,6 +88,12 @@ def pure(tree: PyTree) -> PyTree:
     of arrays, the pytree ``nnx.Optimizer`` passes to ``tx.update``."""
     from flax import nnx  # only NNX trees need it; imported here to keep jaxnorm.optim light
 
+    is_variable = lambda x: isinstance(x, nnx.Variable)
+    wrapped = any(map(is_variable, jax.tree.leaves(tree, is_leaf=is_variable)))
+    if not isinstance(tree, nnx.State) and not wrapped:
+        # the tree itself: ``as_pure`` rebuilds plain dicts with sorted keys, and the order of a params
+        # dict is Flax's call order, which ENorm's chain reads (``jaxnorm.enorm.chain``)
+        return tree
     return nnx.as_pure(tree)
 
 

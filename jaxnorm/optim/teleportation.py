@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.enorm.balance import compute_dtype, multipliers, plan_spec
-from jaxnorm.enorm.spec import Junction, chain
+from jaxnorm.enorm.spec import ChainMemory, Junction
 from jaxnorm.enorm.teleport import MAX_TELEPORT_SCALE, check_teleport_arguments, teleport
 from jaxnorm.enorm.trees import pure_params
 from jaxnorm.optim import landing
@@ -129,8 +129,10 @@ def teleportation(
     inner = optax.with_extra_args_support(inner)
     named = isinstance(objective, str)
 
+    remembered_chain = ChainMemory()  # the call order of init's params, for update under jit
+
     def junctions(params: PyTree) -> Sequence[Junction]:
-        return chain(params) if spec is None else spec
+        return remembered_chain(params) if spec is None else spec
 
     def ones(params: PyTree) -> tuple[jax.Array, ...]:
         bare = pure_params(params)
