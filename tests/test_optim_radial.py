@@ -314,3 +314,15 @@ def test_adamp_bias_correction_in_float64_under_x64(x64):
     want, _ = optax.adam(1e-2).update(grads, optax.adam(1e-2).init(params), params)
     assert got["b"].dtype == jnp.float64
     np.testing.assert_allclose(np.asarray(got["b"]), np.asarray(want["b"]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: jaxnorm.optim.adamp(1e-2), lambda: jaxnorm.optim.sgdp(0.1, 0.9)])
+def test_state_can_be_donated_to_jit(make):
+    """``mu`` and ``nu`` used to be one array per leaf: ``jit(..., donate_argnums)`` of the state (a
+    flax ``TrainState`` step) failed with "donate the same buffer twice"."""
+    params = {"k": jnp.ones((4, 3))}
+    tx = make()
+    state = tx.init(params)
+    step = jax.jit(lambda p, s, g: tx.update(g, s, p), donate_argnums=(1,))
+    updates, _ = step(params, state, jax.tree.map(jnp.ones_like, params))
+    assert np.isfinite(np.asarray(updates["k"])).all()

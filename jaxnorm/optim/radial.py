@@ -242,9 +242,12 @@ def _radial_optimizer(
     def init_fn(params):
         _selection(mask, params, fn_name)
         _decay_flags(decay_mask, params, fn_name)
-        zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _wide(jnp.asarray(p)).dtype), params)
+
+        def zeros():  # one buffer per moment: a state donated to jit must not hold one array twice
+            return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _wide(jnp.asarray(p)).dtype), params)
+
         projected = jax.tree.map(lambda _: jnp.asarray(NOT_PROJECTED, jnp.int32), params)
-        return RadialState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros, projected=projected)
+        return RadialState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros(), projected=projected)
 
     def update_fn(grads, state, params=None, **extra_args):
         check_updates(grads, params, fn_name)
