@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidevice import run_on_devices
 
+from jaxnorm.optim import last_scales
 from jaxnorm.optim.masks import scale_invariant_mask
 from jaxnorm.optim.rescaling import unit_multiplier, weight_rescaling
 from jaxnorm.optim.state import rescale_state
@@ -357,3 +358,42 @@ def test_rescaled_adam_state_that_is_inf_stays_saturated_not_nan():
         assert bool(jnp.all(jnp.isfinite(params["k"])))
         assert not any(bool(jnp.any(jnp.isnan(leaf))) for leaf in jax.tree.leaves(state))
     np.testing.assert_allclose(np.linalg.norm(np.asarray(params["k"]), axis=0), 1.0, rtol=1e-5)
+
+
+def _wrs_after_sgd():
+    return optax.chain(optax.sgd(0.1), weight_rescaling(1))
+
+
+@pytest.mark.parametrize(
+    ("wrap", "skips"),
+    [
+        (lambda tx: optax.MultiSteps(tx, 2).gradient_transformation(), False),
+        (lambda tx: optax.MultiSteps(tx, 2, should_skip_update_fn=optax.skip_not_finite)
+         .gradient_transformation(), True),
+        (lambda tx: optax.apply_if_finite(tx, 5), True),
+    ],
+    ids=["multisteps", "multisteps-skip", "apply_if_finite"],
+)
+def test_last_scales_are_ones_after_a_call_that_applied_nothing(wrap, skips):
+    """``last_scales`` of a call that moved no parameter (a micro-step that only accumulated, a skipped
+    non-finite step) used to repeat the last update's factors, so BN statistics transported after
+    every call were divided again (a helper's composition fuzz). The params are the oracle: where they
+    did not move the factors are 1, where they moved ``w_new = (w + u) / s``."""
+    params = {"k": jnp.full((3, 2), 2.0)}
+    good = {"k": jnp.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])}
+    bad = {"k": jnp.full((3, 2), jnp.nan)}
+    tx = wrap(_wrs_after_sgd())
+    state, p = tx.init(params), params
+    moved = []
+    for grads in (good, good, good, bad if skips else good, good, good):
+        updates, state = tx.update(grads, state, p)
+        new = optax.apply_updates(p, updates)
+        s = np.asarray(last_scales(state)["k"])
+        if np.array_equal(np.asarray(new["k"]), np.asarray(p["k"])):
+            np.testing.assert_array_equal(s, 1.0)
+        else:
+            moved.append(True)
+            assert np.all(s != 1.0)
+            np.testing.assert_allclose(np.linalg.norm(np.asarray(new["k"]), axis=0), 1.0, rtol=1e-6)
+        p = new
+    assert moved, "the test needs updates that move the params"

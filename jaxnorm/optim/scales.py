@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from jaxnorm.optim.rescaling import pure
@@ -28,17 +29,45 @@ def _is_hole(x: Any) -> bool:
     return x is None or isinstance(x, optax.MaskedNode)
 
 
-def _collect(node: Any, found: list) -> None:
+def _applied_here(node: Any) -> jax.Array | None:
+    """Whether the call that produced an optax wrapper's state ``node`` applied its inner update:
+    ``optax.MultiSteps`` only at the end of a window (``mini_step`` back at 0) and not when its
+    ``should_skip_update_fn`` skipped, ``optax.apply_if_finite`` only on finite updates; ``None``
+    for other nodes."""
+    if isinstance(node, optax.MultiStepsState):
+        applied = node.mini_step == 0
+        skip = node.skip_state
+        if isinstance(skip, dict) and "should_skip" in skip:
+            applied = jnp.logical_and(applied, jnp.logical_not(skip["should_skip"]))
+        return applied
+    if isinstance(node, optax.ApplyIfFiniteState):
+        return jnp.asarray(node.last_finite)
+    return None
+
+
+def _collect(node: Any, found: list, applied: jax.Array | None = None) -> None:
+    """Appends to ``found`` every rescaling state's ``scales`` under ``node``, as ones where a
+    wrapper above it did not apply the update that produced ``node`` (the inner state then keeps
+    the scales of an earlier update, by which the params did not move this time)."""
+    here = _applied_here(node)
+    if here is not None:
+        applied = here if applied is None else jnp.logical_and(applied, here)
     if isinstance(node, dict):
         for value in node.values():
-            _collect(value, found)
+            _collect(value, found, applied)
         return
     if isinstance(node, list | tuple):
         fields = getattr(node, "_fields", None)
         if fields and "scales" in fields and node.scales is not None:
-            found.append(node.scales)
+            found.append(node.scales if applied is None else _ones_unless(applied, node.scales))
         for value in node:
-            _collect(value, found)
+            _collect(value, found, applied)
+
+
+def _ones_unless(applied: jax.Array, scales: PyTree) -> PyTree:
+    return jax.tree.map(
+        lambda s: s if _is_hole(s) else jnp.where(applied, s, jnp.ones_like(s)), scales, is_leaf=_is_hole
+    )
 
 
 def _product(a: PyTree, b: PyTree) -> PyTree:
@@ -56,7 +85,10 @@ def _product(a: PyTree, b: PyTree) -> PyTree:
 
 
 def last_scales(opt_state: PyTree) -> PyTree:
-    """The per-output-unit factors ``s`` applied at the last update: ``w_new = w / s``.
+    """The per-output-unit factors ``s`` applied by the update that produced ``opt_state``:
+    ``w_new = w / s``; ones where that call applied no update (an ``optax.MultiSteps`` micro-step that
+    only accumulated or that it skipped, a non-finite step under ``optax.apply_if_finite``), whose
+    inner state keeps the factors of an earlier update.
 
     Finds the ``scales`` recorded by :func:`jaxnorm.optim.weight_rescaling`,
     :func:`jaxnorm.optim.bwn_projection`, :func:`jaxnorm.optim.norm_schedule` and
@@ -69,7 +101,7 @@ def last_scales(opt_state: PyTree) -> PyTree:
 
     Returns:
       A tree with the params' structure: an ``(out,)`` array per rescaled kernel (ones where the
-      last update did not rescale), ``None`` for leaves no transform touches.
+      update did not rescale), ``None`` for leaves no transform touches.
 
     Raises:
       ValueError: ``opt_state`` holds no rescaling transform's state.

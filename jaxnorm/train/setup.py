@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -264,13 +263,8 @@ def batch_stats_transport(
         return None
 
     def transport(stats: PyTree, state: PyTree) -> PyTree:
-        scales = last_scales(state)
-        if isinstance(state, optax.MultiStepsState):
-            # a micro-step that only accumulated keeps the last update's scales in its inner state:
-            # the kernels did not move, so neither do the statistics (they were divided again)
-            updated = state.mini_step == 0
-            scales = jax.tree.map(lambda s: jnp.where(updated, s, jnp.ones_like(s)), scales)
-        return transport_batch_stats(stats, scales, stats_map)
+        # ones on a micro-step that only accumulated: the kernels did not move, nor do the statistics
+        return transport_batch_stats(stats, last_scales(state), stats_map)
 
     return transport
 
