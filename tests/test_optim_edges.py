@@ -130,6 +130,8 @@ STATE_LAW_PARAMS = {
         ("adamax", optax.adamax(1e-3)),  # nu: the infinity norm, x / m, read as Adam's x / m**2
         ("adopt", optax.contrib.adopt(1e-3)),  # mu: a normalized moment, unchanged, read as x / m
         ("adam then trace", optax.chain(optax.scale_by_adam(), optax.trace(0.9))),  # normalized: unchanged
+        # an update that needs a loss value= was not probed at all (a helper's composition fuzz)
+        ("adamax under plateau", optax.chain(optax.adamax(1e-3), optax.contrib.reduce_on_plateau())),
     ],
 )
 def test_states_read_wrongly_by_their_type_are_refused_at_init(name, tx):
@@ -140,7 +142,7 @@ def test_states_read_wrongly_by_their_type_are_refused_at_init(name, tx):
         lambda tx: weight_rescaling(2, inner=tx, rescale_state=True),
         lambda tx: optim.teleportation(tx, every=1),
     ):
-        wrong = r"state\[\d\]\.\w+\['d\d'\].* does not transform as rescale_state"
+        wrong = r"state(\[\d\])+\.\w+\['d\d'\].* does not transform as rescale_state"
         with pytest.raises(ValueError, match=wrong):
             make(tx).init(STATE_LAW_PARAMS)
     weight_rescaling(2, inner=tx).init(STATE_LAW_PARAMS)  # its state not rescaled: no check
@@ -151,14 +153,31 @@ def test_states_read_wrongly_by_their_type_are_refused_at_init(name, tx):
     [optax.sgd(0.1, momentum=0.9), optax.adamw(1e-3), optax.rmsprop(1e-3), optax.lion(1e-3),
      optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9)),
      optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
-     optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, momentum=0.9))],
-    ids=["momentum", "adamw", "rmsprop", "lion", "clip-momentum", "inject-adam", "l2-decay-momentum"],
+     optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, momentum=0.9)),
+     optax.chain(optax.sgd(0.1, momentum=0.9), optax.contrib.reduce_on_plateau())],
+    ids=["momentum", "adamw", "rmsprop", "lion", "clip-momentum", "inject-adam", "l2-decay-momentum",
+         "momentum-plateau"],
 )
 def test_states_that_follow_eq_10_are_accepted_also_under_jit(tx):
     optim.enorm(tx).init(STATE_LAW_PARAMS)
     jax.jit(optim.enorm(tx).init)(STATE_LAW_PARAMS)
     with pytest.raises(ValueError, match=r"does not transform"):
         jax.jit(optim.enorm(optax.adamax(1e-3)).init)(STATE_LAW_PARAMS)
+
+
+def test_a_state_without_a_rule_behind_a_loss_value_is_refused_at_init():
+    """``momo`` needs ``value=``; its state has no rule: refused at init, not at the first rescale."""
+    with pytest.raises(TypeError, match="no rule for optimizer state MomoState"):
+        weight_rescaling(1, inner=optax.contrib.momo(), rescale_state=True).init(STATE_LAW_PARAMS)
+
+
+def test_an_update_that_needs_other_arguments_is_refused_by_name():
+    def update(updates, state, params=None, *, temperature):
+        return updates, state
+
+    needy = optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+    with pytest.raises(TypeError, match="enorm: the optimizer's update fails on probe parameters"):
+        optim.enorm(needy).init(STATE_LAW_PARAMS)
 
 
 # --- 2. arguments ------------------------------------------------------------------------------

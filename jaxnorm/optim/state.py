@@ -21,6 +21,7 @@ table would carry wrongly is an error there, not a silently inconsistent state.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -183,8 +184,8 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
     the gradients are small (global norm 1e-3), so that clipping and other non-homogeneous steps of
     ordinary gradients stay out of the probe, and the parameters far smaller (1e-9 per entry), so that
     weight decay added to the gradient does too (SGD with L2 decay keeps the paper's momentum rule).
-    Runs eagerly, also inside ``jit`` (the probe's values are constants); an optimizer whose ``update``
-    needs other arguments is not probed."""
+    Runs eagerly, also inside ``jit`` (the probe's values are constants); an ``update`` that needs a
+    loss ``value`` (``optax.contrib.reduce_on_plateau``, ``momo``) is given 1.0 (:func:`_probe_arguments`)."""
     flat, treedef = jax.tree.flatten(params)
     if not flat:
         return
@@ -215,13 +216,12 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
         grads = [draw(1e-3 / np.sqrt(size)) for _ in range(2)]
         scaled = lambda tree, op: jax.tree.map(lambda a, b: a if b is None else op(a, b), tree, m,
                                                is_leaf=lambda x: x is None)
-        try:
-            state, state_scaled = tx.init(w), tx.init(scaled(w, jnp.multiply))
-            for g in grads:
-                _, state = tx.update(g, state, w)
-                _, state_scaled = tx.update(scaled(g, jnp.divide), state_scaled, scaled(w, jnp.multiply))
-        except TypeError:  # an update that needs other arguments (e.g. a loss value)
-            return
+        state, state_scaled = tx.init(w), tx.init(scaled(w, jnp.multiply))
+        extra_args = _probe_arguments(tx, w, fn_name)
+        update = functools.partial(optax.with_extra_args_support(tx).update, **extra_args)
+        for g in grads:
+            _, state = update(g, state, w)
+            _, state_scaled = update(scaled(g, jnp.divide), state_scaled, scaled(w, jnp.multiply))
         carried = rescale_state(state, m)
     for (path, got), want in zip(
         jax.tree_util.tree_flatten_with_path(carried)[0], jax.tree.leaves(state_scaled), strict=True
@@ -238,3 +238,27 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
                 "does not scale), register a rule for a custom state "
                 "(jaxnorm.optim.state.register_state_rule), or do not rescale the state"
             )
+
+
+def _probe_arguments(tx: optax.GradientTransformation, params: PyTree, fn_name: str) -> dict[str, Any]:
+    """The extra arguments :func:`check_rescaling_law` passes to ``tx.update``: none, or a loss
+    ``value`` of 1.0 where ``update`` needs one (optax's name for it). An ``update`` that needs yet
+    others raises ``TypeError``: its state would go unchecked (it was skipped, and an adamax under
+    ``reduce_on_plateau`` was carried wrongly without a word)."""
+    update = optax.with_extra_args_support(tx).update
+    grads = jax.tree.map(jnp.zeros_like, params)
+    try:
+        update(grads, tx.init(params), params)
+        return {}
+    except TypeError as first:
+        value = {"value": jnp.ones((), jnp.float32)}
+        try:
+            update(grads, tx.init(params), params, **value)
+        except TypeError as err:
+            raise TypeError(
+                f"{fn_name}: the optimizer's update fails on probe parameters, without and with a loss "
+                f"value ({first}; {err}), so its state's rule under rescaling (Eq. 10 of Stock et al. "
+                "2019) cannot be checked; use an optimizer whose update takes (updates, state, params) "
+                "and at most value="
+            ) from err
+        return value
