@@ -468,3 +468,22 @@ def test_unit_norm_of_units_without_entries():
     np.testing.assert_array_equal(unit_norm(jnp.zeros((0, 3))), np.zeros(3))
     np.testing.assert_allclose(unit_norm(jnp.zeros((2, 0, 3)), epsilon=1e-4), np.full(3, 1e-2), rtol=1e-6)
     assert unit_norm(jnp.zeros((3, 0))).shape == (0,)
+
+
+def test_the_documented_ways_to_skip_non_finite_steps_with_half_precision_params():
+    """docs/optim.md: a bf16 projection's update is float32, so ``apply_if_finite`` needs float32
+    gradients, and ``MultiSteps(..., should_skip_update_fn=skip_not_finite)`` takes bf16 ones."""
+    params = {"k": jnp.full((3, 2), 2.0, jnp.bfloat16)}
+    grads = {"k": jnp.ones((3, 2), jnp.bfloat16)}
+    inner = optax.chain(optax.sgd(0.1), weight_rescaling(1))
+    guarded = optax.apply_if_finite(inner, 3)
+    with pytest.raises(TypeError, match="cond branches must have equal output types"):
+        guarded.update(grads, guarded.init(params), params)
+    wide = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    skipping = optax.MultiSteps(inner, 1, should_skip_update_fn=optax.skip_not_finite)
+    skipping = skipping.gradient_transformation()
+    for tx, g in ((guarded, wide), (skipping, grads)):
+        updates, _ = tx.update(g, tx.init(params), params)
+        new = optax.apply_updates(params, updates)["k"]
+        assert new.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.linalg.norm(np.asarray(new, np.float32), axis=0), 1.0, rtol=1e-2)
