@@ -1,6 +1,8 @@
 """Edges of the weight-norm transforms: half precision, huge kernels, f16 state, argument checks,
 the recorded scales (``last_scales``). Issue 15, part B."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -487,3 +489,23 @@ def test_the_documented_ways_to_skip_non_finite_steps_with_half_precision_params
         new = optax.apply_updates(params, updates)["k"]
         assert new.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.linalg.norm(np.asarray(new, np.float32), axis=0), 1.0, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("make", "kwargs", "static"),
+    [
+        (optim.enorm, {"inner": optax.sgd(0.1), "c": 1.2}, ("p", "max_scale", "count_biases")),
+        (optim.teleportation, {"inner": optax.sgd(0.1), "every": 1}, ("steps", "max_scale", "power_of_two")),
+        (optim.record_norms, {"num_steps": 10}, ("num_steps", "every")),
+    ],
+    ids=["enorm", "teleportation", "record_norms"],
+)
+def test_inject_hyperparams_names_the_static_args_it_needs(make, kwargs, static):
+    """``inject_hyperparams`` passes defaults as arrays too: the error used to say "p must be a static
+    positive number" (a ``p`` the user never passed) or raise a bare ``ConcretizationTypeError``."""
+    with pytest.raises(TypeError, match=re.escape(f"pass static_args={static!r}")):
+        optax.inject_hyperparams(make)(**kwargs).init(STATE_LAW_PARAMS)
+    tx = optax.inject_hyperparams(make, static_args=static)(**kwargs)
+    state = tx.init(STATE_LAW_PARAMS)
+    updates, _ = tx.update(STATE_LAW_PARAMS, state, STATE_LAW_PARAMS)
+    assert all(np.isfinite(np.asarray(u)).all() for u in jax.tree.leaves(updates))

@@ -16,9 +16,24 @@ __all__ = [
     "check_non_negative",
     "check_positive",
     "check_positive_tree",
+    "check_static",
     "check_steps",
     "is_scalar_number",
 ]
+
+
+def check_static(fn_name: str, **arguments: Any) -> None:
+    """``TypeError`` where an argument that fixes a transformation's structure (a loop length, a norm's
+    exponent, a flag) arrives as a JAX array, as ``optax.inject_hyperparams`` passes every numeric
+    argument, defaults included: the error names them and the ``static_args`` that keeps them Python
+    values (it said "p must be a static positive number" of a ``p`` the user never passed)."""
+    injected = [name for name, value in arguments.items() if isinstance(value, jax.Array)]
+    if injected:
+        raise TypeError(
+            f"{fn_name}: {', '.join(injected)} fix the transformation's structure and must be Python "
+            "values, got JAX arrays: optax.inject_hyperparams injects every numeric argument, defaults "
+            f"included; pass static_args={tuple(arguments)!r}"
+        )
 
 
 def is_scalar_number(value: Any) -> bool:

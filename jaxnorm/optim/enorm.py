@@ -32,6 +32,7 @@ from jaxnorm.enorm.balance import (
 )
 from jaxnorm.enorm.spec import ChainMemory, Junction
 from jaxnorm.optim import landing
+from jaxnorm.optim.arguments import check_static
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 from jaxnorm.optim.state import check_rescaling_law, rescale_state
 
@@ -110,6 +111,7 @@ def enorm(
       Stock et al. 2019, Alg. 2 and Sec. 3.6 Eq. 10.
     """
     check_inner(inner, "enorm")
+    check_static("enorm", p=p, max_scale=max_scale, count_biases=count_biases)
     check_steps(every, "every", "enorm")
     check_cycles(cycles, "enorm")
     check_c(c, "enorm", per_junction=True)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnorm.functional.weight import unit_norm
+from jaxnorm.optim.arguments import check_static
 from jaxnorm.optim.rescaling import MaskOrFn, check_steps, check_updates, pure_transform, resolve_mask
 from jaxnorm.optim.state import register_state_rule
 
@@ -86,6 +87,7 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
       every: record every ``every``-th update.
       mask: bool tree or callable as in ``optax.masked``; default every leaf of rank >= 2.
     """
+    check_static("record_norms", num_steps=num_steps, every=every)
     try:
         check_steps(num_steps, "num_steps", "record_norms")
     except TypeError as err:

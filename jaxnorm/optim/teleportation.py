@@ -38,6 +38,7 @@ from jaxnorm.enorm.teleport import MAX_TELEPORT_SCALE, check_teleport_arguments,
 from jaxnorm.enorm.trees import pure_params
 from jaxnorm.optim import landing
 from jaxnorm.optim import state as state_lib
+from jaxnorm.optim.arguments import check_static
 from jaxnorm.optim.rescaling import check_inner, check_steps, check_updates, pure_transform
 
 __all__ = ["TeleportationState", "teleportation"]
@@ -122,6 +123,7 @@ def teleportation(
     """
     what = "teleportation"
     check_inner(inner, what)
+    check_static(what, steps=steps, max_scale=max_scale, power_of_two=power_of_two)
     check_steps(every, "every", what)
     if until is not None:
         check_steps(until, "until", what)
