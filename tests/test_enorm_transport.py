@@ -114,6 +114,61 @@ def test_batch_norm_without_bias_links_its_statistics():
     assert float(jnp.max(jnp.abs(after - before))) < 1e-3 * size
 
 
+class TwoBatchNorms(nn.Module):
+    """Dense (no bias) -> two BNs of the same units (AdvProp / domain-specific BN), summed -> Dense;
+    ``times_one``: the second BN sees ``h * 1.0``; ``leak``: ``h`` also reaches the last Dense."""
+
+    kind: str = "shared"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        h = nn.Dense(5, use_bias=False)(x)
+        second = h * 1.0 if self.kind == "times_one" else h
+        a = nn.relu(nn.BatchNorm(use_running_average=not train)(h))
+        a = a + nn.relu(nn.BatchNorm(use_running_average=not train)(second))
+        return nn.Dense(3)(a + h if self.kind == "leak" else a)
+
+
+def oracle_stats(batch_stats, factors):
+    """mean / s and var / s^2 entry by entry, ``factors[name]`` the kernel unit's s of each entry."""
+    return {name: {"mean": t["mean"] / factors[name], "var": t["var"] / factors[name] ** 2}
+            for name, t in batch_stats.items()}
+
+
+def assert_eval_kept(model, variables, new_params, stats, x):
+    before = model.apply(variables, x)
+    after = model.apply({"params": new_params, "batch_stats": stats}, x)
+    stale = model.apply({"params": new_params, "batch_stats": variables["batch_stats"]}, x)
+    size = float(jnp.max(jnp.abs(before)))
+    assert float(jnp.max(jnp.abs(stale - before))) > 1e-1 * size
+    assert float(jnp.max(jnp.abs(after - before))) < 1e-4 * size
+
+
+@pytest.mark.parametrize("kind", ["shared", "times_one"])
+def test_units_feeding_two_batch_norms_map_to_both(kind):
+    """Units feeding two BNs need both BNs' means and variances: the variance search went one BN deep
+    (the retry after the first variance could not try the second), so the map was empty, although
+    scale_invariant_mask selects the kernel, and WRS left both BNs stale (eval output moved by 2.5).
+    Units that also reach something that is not a statistic stay unmapped (nothing compensates)."""
+    model = TwoBatchNorms(kind)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4)), jnp.float32)
+    variables = trained_variables(model, x)
+    stats_map = batch_stats_map(model.apply, variables, x, train=False)
+    assert set(stats_map) == {("Dense_0", "kernel")}
+    assert stats_map[("Dense_0", "kernel")] == tuple(
+        StatLink((f"BatchNorm_{i}", stat), power, None) for stat, power in (("mean", 1), ("var", 2))
+        for i in (0, 1))
+    s = jnp.linspace(0.5, 2.0, 5)
+    scales = jax.tree.map(lambda _: None, variables["params"])
+    scales["Dense_0"]["kernel"] = s
+    stats = transport_batch_stats(variables["batch_stats"], scales, stats_map)
+    oracle = oracle_stats(variables["batch_stats"], {"BatchNorm_0": s, "BatchNorm_1": s})
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), stats, oracle)
+    assert_eval_kept(model, variables, rescale(variables["params"], scales), stats, x)
+    leak = TwoBatchNorms("leak")
+    assert batch_stats_map(leak.apply, trained_variables(leak, x), x, train=False) == {}
+
+
 def test_nnx_cnn_eval_outputs_unchanged():
     model, x = models.nnx_models()["bn_cnn"]
     model.train()

@@ -238,12 +238,14 @@ def _solve_inputs(
     ids: np.ndarray,
     inputs: dict[int, tuple],
     seeds: dict[int, Scaled],
-    var_trial: bool,
+    tried: set[frozenset],
 ) -> dict[int, Scaled] | None:
     """Input seeds (non-params inputs scaled with a power) under which scaling ``leaf``'s units
     alone leaves the function unchanged, or None. Addends met by the scaled units are traced back
     to inputs (a BN running mean: power 1); where the pass then fails, an unseeded input beside a
-    seeded one (same collection module, same shape: the running variance) is tried with power 2."""
+    seeded one (same collection module, same shape: the running variance) is tried with power 2,
+    and so on from there: units feeding several BNs get each BN's mean, then its variance.
+    ``tried`` holds the seed sets already searched from (each is searched once)."""
     seeds = dict(seeds)
     for _ in range(64):
         try:
@@ -265,14 +267,24 @@ def _solve_inputs(
         except Refuted:
             pass
         break  # refuted: a parameter would have to move with the units, or the pass failed
-    return _try_variance(g, leaf, ids, inputs, seeds) if var_trial else None
+    return _try_variance(g, leaf, ids, inputs, seeds, tried)
 
 
 def _try_variance(
-    g: JaxprGraph, leaf: int, ids: np.ndarray, inputs: dict[int, tuple], seeds: dict[int, Scaled]
+    g: JaxprGraph,
+    leaf: int,
+    ids: np.ndarray,
+    inputs: dict[int, tuple],
+    seeds: dict[int, Scaled],
+    tried: set[frozenset],
 ) -> dict[int, Scaled] | None:
     """Retry with one unseeded input beside a seeded one (same collection module and shape: a
-    BN's running variance beside its mean) scaled with twice its power."""
+    BN's running variance beside its mean) scaled with twice its power. Each retry adds a seed and
+    skips the seed sets in ``tried``, so the search ends (at most one pass per subset of inputs)."""
+    key = frozenset((var, scaled.power, scaled.ids.tobytes()) for var, scaled in seeds.items())
+    if key in tried:
+        return None
+    tried.add(key)
     for var, scaled in list(seeds.items()):
         path = inputs.get(var)
         for other, other_path in inputs.items():
@@ -284,7 +296,7 @@ def _try_variance(
             ):
                 continue
             trial = {**seeds, other: Scaled(scaled.ids, scaled.power * 2)}
-            found = _solve_inputs(g, leaf, ids, inputs, trial, False)
+            found = _solve_inputs(g, leaf, ids, inputs, trial, tried)
             if found is not None:
                 return found
     return None
@@ -295,8 +307,10 @@ def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any
     when its output units (last axis) alone are divided by ``s``, for the function to stay the
     same; ``{kernel_path: ((input_path, k, index), ...)}`` with ``input_path`` starting with the
     collection name and ``index`` None (unit i at position i of a 1-D input) or the unit of each
-    element (-1: not scaled). Only kernels for which such inputs exist and make the function
-    exactly invariant (BN's epsilon neglected) are listed. See :mod:`jaxnorm.enorm.transport`."""
+    element (-1: not scaled). Only
+    kernels for which such inputs exist and make the function exactly invariant (BN's epsilon
+    neglected) are listed, with the inputs of every BN the units feed. See
+    :mod:`jaxnorm.enorm.transport`."""
     graph, leaves, paths, inputs = _analyse(apply_fn, variables, args, kwargs)
     out = {}
     for leaf_i, leaf in enumerate(leaves):
@@ -306,7 +320,7 @@ def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any
         shape = [1] * ndim
         shape[-1] = np.shape(leaf)[-1]
         ids = np.broadcast_to(np.arange(shape[-1]).reshape(shape), np.shape(leaf))
-        found = _solve_inputs(graph, leaf_i, ids, inputs, {}, True)
+        found = _solve_inputs(graph, leaf_i, ids, inputs, {}, set())
         if not found or any(var not in inputs for var in found):
             continue
         links = []

@@ -14,7 +14,10 @@ BN's epsilon (exact for eps = 0; the relative change is about ``eps (s^2 - 1) / 
 :func:`jaxnorm.enorm.discover` (powers of the scale tracked, as for scale-invariant kernels),
 which running statistics scale with which kernel and with which power; a kernel is listed only
 where the transport is exact in this sense (not where a bias, an activation, or anything that is
-not positively homogeneous sits between the kernel and the BN). :func:`transport_batch_stats`
+not positively homogeneous sits between the kernel and the BN). Units feeding several BNs (AdvProp
+/ domain-specific BN: the same output normalised by each) map to the statistics of all of them;
+units that also reach anything else (the function output, a layer without running statistics) can
+not be compensated by the statistics, and the kernel is left out. :func:`transport_batch_stats`
 applies it to a ``scales`` tree such as the one ``jaxnorm.optim.last_scales(opt_state)`` gives.
 
 ENorm itself never needs this: its rescaling of a kernel is compensated by its consumer weights,
@@ -75,8 +78,9 @@ def batch_stats_map(
     Returns:
       For every params leaf of rank >= 2 whose output units (last axis) feed running statistics
       exactly (see the module docstring), the :class:`StatLink` of each: typically the mean with
-      power 1 and the variance with power 2 of the BN right after it. Kernels with no such
-      statistic are absent.
+      power 1 and the variance with power 2 of the BN right after it, of every BN where the units
+      feed several. Kernels with no such statistic, or whose units also reach something that is
+      not a running statistic, are absent.
 
     Raises:
       ValueError: ``variables`` without a ``"params"`` and a ``"batch_stats"`` collection.
