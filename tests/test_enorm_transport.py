@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -19,6 +20,7 @@ from jaxnorm.enorm import (
     objective,
     transport_batch_stats,
 )
+from jaxnorm.optim import last_scales, scale_invariant_mask, weight_rescaling
 from tests import enorm_models as models
 
 
@@ -167,6 +169,73 @@ def test_units_feeding_two_batch_norms_map_to_both(kind):
     assert_eval_kept(model, variables, rescale(variables["params"], scales), stats, x)
     leak = TwoBatchNorms("leak")
     assert batch_stats_map(leak.apply, trained_variables(leak, x), x, train=False) == {}
+
+
+class SlicedBeforeBN(nn.Module):
+    """A kernel's output sliced before its BN: ``prefix`` ``[:, :3]`` of 4 units, ``middle``
+    ``[:, 1:5]`` of 6, ``concat`` the prefix slice beside another kernel's 2 units."""
+
+    kind: str = "prefix"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if self.kind == "middle":
+            h = nn.Dense(6, use_bias=False)(x)[:, 1:5]
+        else:
+            h = nn.Dense(4, use_bias=False)(x)[:, :3]
+        if self.kind == "concat":
+            h = jnp.concatenate([h, nn.Dense(2, use_bias=False)(x)], axis=-1)
+        return nn.Dense(2)(nn.relu(nn.BatchNorm(use_running_average=not train)(h)))
+
+
+SLICES = {  # kind: (kernel units per Dense, the (Dense, units) of each BN entry)
+    "prefix": ({"Dense_0": 4}, [("Dense_0", u) for u in range(3)]),
+    "middle": ({"Dense_0": 6}, [("Dense_0", u) for u in range(1, 5)]),
+    "concat": ({"Dense_0": 4, "Dense_1": 2},
+               [("Dense_0", u) for u in range(3)] + [("Dense_1", u) for u in range(2)]),
+}
+
+
+@pytest.mark.parametrize("kind", list(SLICES))
+def test_sliced_kernel_transports_the_units_it_feeds(kind):
+    """A BN after a slice sees some of the kernel's units: transport took the unit count from the
+    statistic (3, or max(index) + 1) and raised "expected one factor per output unit" on the
+    kernel's own (4) factors that last_scales gives. Entry j now gets the factor of unit index[j]."""
+    model = SlicedBeforeBN(kind)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 5)), jnp.float32)
+    variables = trained_variables(model, x)
+    stats_map = batch_stats_map(model.apply, variables, x, train=False)
+    units, entries = SLICES[kind]
+    assert set(stats_map) == {(name, "kernel") for name in units}
+    scales = jax.tree.map(lambda _: None, variables["params"])
+    rng = np.random.default_rng(2)
+    for name, n in units.items():
+        scales[name]["kernel"] = jnp.asarray(rng.uniform(0.3, 3.0, n), jnp.float32)
+    stats = transport_batch_stats(variables["batch_stats"], scales, stats_map)
+    factor = jnp.stack([scales[name]["kernel"][u] for name, u in entries])
+    oracle = oracle_stats(variables["batch_stats"], {"BatchNorm_0": factor})
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), stats, oracle)
+    assert_eval_kept(model, variables, rescale(variables["params"], scales), stats, x)
+
+
+def test_sliced_kernel_with_weight_rescaling_last_scales():
+    """The documented recipe on the sliced kernel: WRS's last_scales (4 factors) transport exactly."""
+    model = SlicedBeforeBN("prefix")
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 5)), jnp.float32)
+    variables = trained_variables(model, x)
+    mask = scale_invariant_mask(
+        lambda v, xx: model.apply(v, xx, train=True, mutable=["batch_stats"])[0], variables, x)
+    assert mask["Dense_0"]["kernel"]
+    stats_map = batch_stats_map(model.apply, variables, x, train=False)
+    tx = optax.chain(optax.sgd(0.1), weight_rescaling(1, mask=mask))
+    state = tx.init(variables["params"])
+    _, state = tx.update(jax.tree.map(jnp.ones_like, variables["params"]), state, variables["params"])
+    scales = last_scales(state)
+    assert scales["Dense_0"]["kernel"].shape == (4,)
+    stats = transport_batch_stats(variables["batch_stats"], scales, stats_map)
+    oracle = oracle_stats(variables["batch_stats"], {"BatchNorm_0": scales["Dense_0"]["kernel"][:3]})
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), stats, oracle)
+    assert_eval_kept(model, variables, rescale(variables["params"], scales), stats, x)
 
 
 def test_nnx_cnn_eval_outputs_unchanged():

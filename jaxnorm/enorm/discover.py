@@ -306,8 +306,8 @@ def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any
     """For each params leaf of rank >= 2: the non-params inputs that must be divided by ``s^k``
     when its output units (last axis) alone are divided by ``s``, for the function to stay the
     same; ``{kernel_path: ((input_path, k, index), ...)}`` with ``input_path`` starting with the
-    collection name and ``index`` None (unit i at position i of a 1-D input) or the unit of each
-    element (-1: not scaled). Only
+    collection name and ``index`` None (a 1-D input of one element per unit, unit i at position i)
+    or the unit of each element (-1: not scaled; e.g. ``[0, 1, 2]`` for 3 of 4 units). Only
     kernels for which such inputs exist and make the function exactly invariant (BN's epsilon
     neglected) are listed, with the inputs of every BN the units feed. See
     :mod:`jaxnorm.enorm.transport`."""
@@ -326,7 +326,8 @@ def input_links(apply_fn: Callable, variables: PyTree, *args: Any, **kwargs: Any
         links = []
         for var, scaled in found.items():
             full = broadcast_ids(scaled.ids, graph.shapes[var])
-            plain = full.ndim == 1 and np.array_equal(full, np.arange(full.size))
+            # index None: every unit of the kernel, in order (a slice keeps an explicit index)
+            plain = full.ndim == 1 and np.array_equal(full, np.arange(shape[-1]))
             power = int(scaled.power) if scaled.power.denominator == 1 else float(scaled.power)
             links.append((inputs[var], power, None if plain else np.array(full, np.int32)))
         out[paths[leaf_i]] = tuple(sorted(links, key=lambda item: (item[1], str(item[0]))))

@@ -17,8 +17,10 @@ where the transport is exact in this sense (not where a bias, an activation, or 
 not positively homogeneous sits between the kernel and the BN). Units feeding several BNs (AdvProp
 / domain-specific BN: the same output normalised by each) map to the statistics of all of them;
 units that also reach anything else (the function output, a layer without running statistics) can
-not be compensated by the statistics, and the kernel is left out. :func:`transport_batch_stats`
-applies it to a ``scales`` tree such as the one ``jaxnorm.optim.last_scales(opt_state)`` gives.
+not be compensated by the statistics, and the kernel is left out. Units may reach a BN through a
+slice or a concatenation: a statistic then sees some of the kernel's units (``StatLink.index``).
+:func:`transport_batch_stats` applies the map to a ``scales`` tree such as the one
+``jaxnorm.optim.last_scales(opt_state)`` gives (one factor per output unit of the kernel).
 
 ENorm itself never needs this: its rescaling of a kernel is compensated by its consumer weights,
 so a junction cannot end in a BN (BN's normalization cancels a per-unit scale, so a unit feeding a
@@ -52,8 +54,10 @@ class StatLink(NamedTuple):
     Attributes:
       path: keys into the ``batch_stats`` collection (e.g. ``("BatchNorm_0", "mean")``).
       power: the statistic is divided by ``s ** power`` (1 for a mean, 2 for a variance).
-      index: ``None`` where element i belongs to unit i, else an int array of the statistic's
-        shape giving each element's unit (-1: not scaled).
+      index: ``None`` where the statistic has one element per output unit of the kernel (element i
+        belongs to unit i), else an int array of the statistic's shape giving each element's unit
+        (-1: not scaled), e.g. ``[0, 1, 2]`` for a BN after the slice ``[:, :3]`` of 4 units or
+        ``[0, 1, 2, -1]`` for 3 units concatenated with another kernel's one.
     """
 
     path: Path
@@ -99,21 +103,40 @@ def batch_stats_map(
     return out
 
 
-def _unit_scales(scales: PyTree, kernel: Path, units: int) -> jax.Array | None:
+def _unit_scales(scales: PyTree, kernel: Path) -> jax.Array | None:
+    """The factors at ``kernel`` in ``scales`` (one per output unit of the kernel), or None."""
     node = scales
     for key in kernel:
         if not isinstance(node, Mapping) or key not in node:
             return None
         node = node[key]
-    if node is None:
-        return None
-    s = jnp.asarray(node)
-    if s.size != units:
-        raise ValueError(
-            f"transport_batch_stats: scales at {'/'.join(map(str, kernel))} have shape {s.shape}; "
-            f"expected one factor per output unit ({units})"
-        )
-    return s.reshape(-1)
+    return None if node is None else jnp.asarray(node)
+
+
+def _check_units(shape: tuple[int, ...], link: StatLink, stat: jax.Array, kernel: Path) -> None:
+    """Raise where the kernel's factors (``shape``, one per output unit) cannot feed ``stat``."""
+    units = int(np.prod(shape, dtype=np.int64))
+    needed = stat.size if link.index is None else int(np.max(link.index, initial=-1)) + 1
+    if units == needed or (link.index is not None and units > needed):
+        return
+    count = f"{needed}" if link.index is None else f"at least {needed}"
+    raise ValueError(
+        f"transport_batch_stats: scales at {'/'.join(map(str, kernel))} have shape {tuple(shape)}; "
+        f"expected one factor per output unit ({count}, for {'/'.join(map(str, link.path))})"
+    )
+
+
+def _link_factor(s: jax.Array, link: StatLink, stat: jax.Array, kernel: Path) -> jax.Array:
+    """The factor of each element ``j`` of ``stat``: ``s[index[j]]`` (1 where ``index[j] = -1``), or
+    ``s`` itself where ``link.index`` is None (then ``stat`` has one element per kernel unit).
+    The kernel's unit count is the size of ``s`` (scales mirror the params), not the statistic's:
+    a statistic may see some of the units only (a slice before the BN)."""
+    _check_units(s.shape, link, stat, kernel)
+    s = s.reshape(-1)
+    if link.index is None:
+        return s.reshape(stat.shape)
+    ext = jnp.concatenate([s, jnp.ones((1,), s.dtype)])
+    return ext[np.where(link.index < 0, s.size, link.index)]
 
 
 def transport_batch_stats(
@@ -122,8 +145,10 @@ def transport_batch_stats(
     """The running statistics after the kernels were rescaled by ``w_new = w_old / s``.
 
     Every statistic linked to a kernel (``stats_map`` from :func:`batch_stats_map`) becomes
-    ``stat / s ** power`` per unit (mean / s, var / s^2), computed in float32 or wider and cast
-    back to the statistic's dtype.
+    ``stat[j] / s[index[j]] ** power`` per element (mean / s, var / s^2; ``s[j]`` where the link's
+    index is None, unchanged where ``index[j] = -1``), computed in float32 or wider and cast back
+    to the statistic's dtype. The kernel's unit count is that of its ``scales`` entry, which may
+    exceed the statistic's (a slice before the BN).
 
     Args:
       batch_stats: the ``batch_stats`` collection (dict, ``FrozenDict`` or ``nnx.State``).
@@ -137,7 +162,7 @@ def transport_batch_stats(
 
     Raises:
       ValueError: a statistic path missing from ``batch_stats``, a scale with the wrong number of
-        factors.
+        factors (not the statistic's size where the index is None, too few for the index).
     """
     stats, rebuild = split_params(batch_stats)
     scales = split_params(scales)[0] if scales is not None else {}
@@ -145,17 +170,11 @@ def transport_batch_stats(
     for kernel, links in stats_map.items():
         for link in links:
             stat = jnp.asarray(get_leaf(stats, link.path, "transport_batch_stats"))
-            units = int(stat.size if link.index is None else np.max(link.index) + 1)
-            s = _unit_scales(scales, tuple(kernel), units)
+            s = _unit_scales(scales, tuple(kernel))
             if s is None:
                 continue
             dtype = jnp.promote_types(stat.dtype, jnp.float32)
-            s = s.astype(dtype)
-            if link.index is None:
-                factor = s.reshape(stat.shape)
-            else:
-                ext = jnp.concatenate([s, jnp.ones((1,), dtype)])
-                factor = ext[np.where(link.index < 0, units, link.index)]
+            factor = _link_factor(s.astype(dtype), link, stat, tuple(kernel))
             node = new
             for key in link.path[:-1]:
                 node = node[key]
