@@ -475,6 +475,15 @@ def test_objective_takes_c_one_as_any_scalar():
         assert float(objective(variables, spec, c=c)) == expected
 
 
+def test_objective_refuses_a_per_junction_c_by_name():
+    shapes = {"a": (3, 4), "b": (4, 5), "c": (5, 2)}
+    params = {name: {"kernel": jnp.ones(shape)} for name, shape in shapes.items()}
+    enorm_balance(params, c=[1.2, 1.1])  # balance takes it
+    for c in ([1.2, 1.1], (1.2, 1.1), np.array([1.2, 1.1])):
+        with pytest.raises(ValueError, match="objective: c must be one number; the objective of a per-"):
+            objective(params, c=c)
+
+
 def _two_layer():
     rng = np.random.default_rng(0)
     params = {

@@ -627,9 +627,15 @@ def objective(
     ``c^-l_k max|W_k|`` (a cycle balances max norms but need not decrease this sum).
 
     Raises:
-      ValueError: bad p or c; c != 1 on a graph with paths of unequal length.
+      ValueError: bad p or c (a per-junction sequence too); c != 1 on a graph with paths of unequal
+        length.
     """
     p = check_p(p, "objective")
+    if isinstance(c, list | tuple) or (isinstance(c, np.ndarray | jax.Array) and np.ndim(c) == 1):
+        raise ValueError(
+            "objective: c must be one number; the objective of a per-junction c (which enorm_balance "
+            "takes) is not defined here (Eq. 12 weights each layer by one c to the power of its depth)"
+        )
     check_c(c, "objective")
     inner, _ = unwrap_variables(params)
     if spec is None:
