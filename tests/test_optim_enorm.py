@@ -308,3 +308,11 @@ def test_chain_memory_gives_sorted_params_the_call_order_seen_before():
     assert memory(rebuilt) == chain(rebuilt)  # nothing seen yet: the names' order
     assert memory(ordered) == chain(ordered)
     assert memory(rebuilt) == chain(ordered)  # the same structure: the call order seen
+
+
+def test_a_junction_leaf_masked_out_by_optax_is_named():
+    params = {"a": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)},
+              "b": {"kernel": jnp.ones((4, 2)), "bias": jnp.zeros(2)}}
+    tx = optax.masked(enorm(optax.sgd(0.1)), jax.tree.map(lambda x: x.ndim == 2, params))
+    with pytest.raises(ValueError, match=r"\('a', 'bias'\) .*\(got MaskedNode\): optax.masked / multi"):
+        tx.init(params)

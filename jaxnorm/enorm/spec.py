@@ -111,7 +111,12 @@ def get_leaf(params: PyTree, path: Path, what: str = "spec") -> Any:
                 f"{depth}; available: {have})"
             ) from None
     if isinstance(node, Mapping) or not hasattr(node, "shape"):
-        raise ValueError(f"{what}: path {tuple(path)!r} is not an array leaf of params")
+        got = "a dict" if isinstance(node, Mapping) else type(node).__name__
+        hint = ""
+        if type(node).__name__ == "MaskedNode":
+            hint = (": optax.masked / multi_transform left it out, but every leaf of a junction must "
+                    "reach the transformation (mask whole layers, or pass a spec without it)")
+        raise ValueError(f"{what}: path {tuple(path)!r} is not an array leaf of params (got {got}){hint}")
     return node
 
 
