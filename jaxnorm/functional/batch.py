@@ -163,7 +163,8 @@ def batch_statistics_with_unit(
             )
         if x.shape[0] % virtual_batch_size:
             raise ValueError(
-                f"virtual_batch_size={virtual_batch_size} must divide the batch size x.shape[0]={x.shape[0]}"
+                f"virtual_batch_size={virtual_batch_size} must divide the batch size x.shape[0]={x.shape[0]} "
+                "(the batch this call sees: under pmap or shard_map, each device's own part)"
             )
         if axis_name is not None:
             raise ValueError(
