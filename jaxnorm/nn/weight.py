@@ -157,7 +157,9 @@ class _WeightNorm(nn.Module):
             init_g = lambda *_: unit_norm(v, epsilon=self.epsilon)
         elif self.g_init == "ones":
             init_g = lambda *_: jnp.ones((v.shape[-1],), jnp.float32)
-        elif self.is_initializing():
+        elif self.is_initializing() or not self.has_variable("params", "scale"):
+            # the scale is created now: by init, or by apply(..., mutable=True) on empty variables
+            # (that path used to fall back on flax's ones without a word)
             direction = weight_norm(v, 1.0, epsilon=self.epsilon)
             g, init_bias = weight_norm_data_init(self._linear(x, direction), epsilon=self.data_init_epsilon)
             init_g = lambda *_: g
