@@ -589,6 +589,19 @@ def test_nnx_instance_norm_rejects_negative_batch_axis_at_call():
         jnnx.InstanceNorm(4, feature_axes=(-3, -1), rngs=nnx.Rngs(0))(X3)
 
 
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+def test_instance_norm_without_spatial_axes_says_so(framework):
+    """An input of only batch and features has nothing to normalize; the error named ``reduction_axes``,
+    which InstanceNorm does not take (a helper's module fuzz)."""
+    x = jnp.ones((8, 6))
+    message = "InstanceNorm: x of shape (8, 6) has no axis to normalize over besides the batch axis 0"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        if framework == "linen":
+            jn.InstanceNorm().init(KEY, x)
+        else:
+            jnnx.InstanceNorm(6, rngs=nnx.Rngs(0))(x)
+
+
 def _complex_input():
     rng = np.random.default_rng(3)
     return jnp.asarray(rng.normal(size=(16, 4)) + 1j * rng.normal(1.0, 2.0, size=(16, 4)), jnp.complex64)

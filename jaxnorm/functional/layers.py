@@ -363,6 +363,19 @@ def check_instance_feature_axes(feature_axes: tuple[int, ...]) -> None:
         raise ValueError(INSTANCE_BATCH_AXIS_MESSAGE)
 
 
+def instance_reduction_axes(shape: tuple[int, ...], feature_axes: tuple[int, ...]) -> tuple[int, ...]:
+    """InstanceNorm's reduced axes: every axis of an input of ``shape`` but the batch axis 0 and the
+    canonical ``feature_axes``; ``ValueError`` where none is left (flax returns zeros; the error named
+    ``reduction_axes``, which InstanceNorm does not take)."""
+    axes = tuple(a for a in range(1, len(shape)) if a not in feature_axes)
+    if not axes:
+        raise ValueError(
+            f"InstanceNorm: x of shape {tuple(shape)} has no axis to normalize over besides the batch "
+            f"axis 0 and the feature axes {feature_axes} (instance norm needs spatial axes, e.g. NHWC)"
+        )
+    return axes
+
+
 def layer_norm_layer(
     x: jnp.ndarray,
     *,

@@ -220,7 +220,7 @@ class InstanceNorm(nn.Module):
     def __call__(self, x, *, mask=None):
         feature_axes = canonical_axes(self.feature_axes, x.ndim, "feature_axes")
         layers.check_instance_feature_axes(feature_axes)
-        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        reduction_axes = layers.instance_reduction_axes(x.shape, feature_axes)
         scale, bias = _scale_and_bias(self, tuple(x.shape[a] for a in feature_axes))
         return layers.layer_norm_layer(
             x,

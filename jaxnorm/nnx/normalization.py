@@ -310,7 +310,7 @@ class InstanceNorm(_Affine):
         """Normalize each example and channel over every axis but the batch and ``feature_axes``."""
         layers.check_instance_feature_axes(canonical_axes(self.feature_axes, x.ndim, "feature_axes"))
         feature_axes = _check_features(x, self.feature_axes, self.num_features, "feature_axes")
-        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        reduction_axes = layers.instance_reduction_axes(x.shape, feature_axes)
         x, scale, bias = self._promoted(x)
         return layers.layer_norm_layer(
             x, scale=scale, bias=bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
