@@ -235,6 +235,34 @@ def test_weight_norm_g_init_norm_equals_plain_layer_at_init():
     _close(F.unit_norm(F.weight_norm(v1["params"]["kernel"], v1["params"]["scale"])), 1.0, 1e-6)
 
 
+@pytest.mark.parametrize(
+    ("padding", "shape", "kernel_size", "strides", "dilation"),
+    [("CIRCULAR", (2, 7, 6, 3), (3, 2), 1, (1, 2)), ("CIRCULAR", (2, 9, 3), (4,), 2, 1),
+     ("circular", (9, 9, 3), (3, 3), 1, 1), ("CAUSAL", (2, 9, 3), (3,), 1, 2),
+     ("CAUSAL", (2, 10, 3), (2,), 3, 1)],
+)
+def test_conv_layers_take_flax_circular_and_causal_padding(padding, shape, kernel_size, strides, dilation):
+    """flax's Conv pads 'CIRCULAR' by wrapping and 'CAUSAL' (1-D) on the left before a 'VALID'
+    convolution; jaxnorm's Conv layers refused both (a helper's module fuzz). With g = ||v|| the weight-norm
+    layer is flax's Conv at init, linen and NNX."""
+    x = _x(shape)
+    wn = jn.WeightNormConv(5, kernel_size, strides=strides, padding=padding, kernel_dilation=dilation)
+    v = wn.init(KEY, x)
+    plain = fnn.Conv(5, kernel_size, strides=strides, padding=padding.upper(), kernel_dilation=dilation)
+    want = plain.apply({"params": {k: v["params"][k] for k in ("kernel", "bias")}}, x)
+    _close(wn.apply(v, x), want, 1e-5)
+    layer = jnnx.WeightNormConv(3, 5, kernel_size, strides=strides, padding=padding, kernel_dilation=dilation,
+                                rngs=nnx.Rngs(0))
+    layer.kernel[...], layer.bias[...] = v["params"]["kernel"], v["params"]["bias"]
+    layer.scale[...] = v["params"]["scale"]
+    _close(layer(x), want, 1e-5)
+
+
+def test_causal_padding_is_for_1d_convolutions():
+    with pytest.raises(ValueError, match="padding='CAUSAL' is for 1-D convolutions"):
+        jn.WeightNormConv(4, (3, 3), padding="CAUSAL").init(KEY, _x((2, 6, 6, 3)))
+
+
 @pytest.mark.parametrize("shape", [(6, 6, 3), (2, 3, 6, 6, 3)], ids=["no batch axis", "two batch axes"])
 def test_weight_norm_conv_takes_flax_conv_batch_axes(shape):
     """flax.linen.Conv takes input without a batch axis, or with several (flattened for the convolution);

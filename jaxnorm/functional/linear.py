@@ -60,10 +60,15 @@ def canonical_window(value: int | Sequence[int], rank: int, name: str) -> tuple[
 
 
 def canonical_padding(padding: Padding, rank: int) -> str | list[tuple[int, int]]:
-    """'SAME' / 'VALID', an int (Python or NumPy), a sequence of ints or a sequence of (low, high) pairs."""
+    """'SAME' / 'VALID' / flax's 'CIRCULAR' and 'CAUSAL' (1-D), an int (Python or NumPy), a sequence of ints
+    or a sequence of (low, high) pairs."""
     if isinstance(padding, str):
-        if padding.upper() not in ("SAME", "VALID"):
-            raise ValueError(f"padding must be 'SAME', 'VALID', an int or pairs, got {padding!r}")
+        if padding.upper() not in ("SAME", "VALID", "CIRCULAR", "CAUSAL"):
+            raise ValueError(
+                f"padding must be 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', an int or pairs, got {padding!r}"
+            )
+        if padding.upper() == "CAUSAL" and rank != 1:
+            raise ValueError(f"padding='CAUSAL' is for 1-D convolutions (as flax's), got {rank} spatial axes")
         return padding.upper()
     if is_int(padding):
         return [(int(padding), int(padding))] * rank
@@ -113,13 +118,17 @@ def apply_linear(
         batch_shape = x.shape[: x.ndim - rank - 1]  # none or several, flattened into one (as flax's Conv)
         spatial = "".join("HWDUVXYZ"[:rank])
         dimension_numbers = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
+        dilation = canonical_window(kernel_dilation, rank, "kernel_dilation")
+        flat, padding = _pre_padded(
+            x.reshape(-1, *x.shape[x.ndim - rank - 1 :]), canonical_padding(padding, rank), kernel, dilation
+        )
         y = lax.conv_general_dilated(
-            x.reshape(-1, *x.shape[x.ndim - rank - 1 :]),
+            flat,
             kernel,
             window_strides=canonical_window(strides, rank, "strides"),
-            padding=canonical_padding(padding, rank),
+            padding=padding,
             lhs_dilation=canonical_window(input_dilation, rank, "input_dilation"),
-            rhs_dilation=canonical_window(kernel_dilation, rank, "kernel_dilation"),
+            rhs_dilation=dilation,
             dimension_numbers=dimension_numbers,
             feature_group_count=check_positive_int(feature_group_count, "feature_group_count"),
         )
@@ -127,3 +136,20 @@ def apply_linear(
     if bias is not None:
         y = y + bias.astype(dtype)
     return y
+
+
+def _pre_padded(
+    x: jnp.ndarray, padding: str | list[tuple[int, int]], kernel: jnp.ndarray, dilation: tuple[int, ...]
+) -> tuple[jnp.ndarray, str | list[tuple[int, int]]]:
+    """flax's two paddings that ``lax.conv_general_dilated`` lacks, applied to ``x`` (``N...C``) before a
+    'VALID' convolution: 'CIRCULAR' wraps ``((k - 1) // 2, k // 2)`` around each spatial axis of a
+    dilated window of ``k``; 'CAUSAL' (1-D) pads ``dilation * (size - 1)`` zeros on the left only.
+    Other paddings pass through to the convolution."""
+    if padding not in ("CIRCULAR", "CAUSAL"):
+        return x, padding
+    sizes = kernel.shape[:-2]
+    if padding == "CAUSAL":
+        return jnp.pad(x, [(0, 0), (dilation[0] * (sizes[0] - 1), 0), (0, 0)]), "VALID"
+    dilated = [(k - 1) * d + 1 for k, d in zip(sizes, dilation, strict=True)]
+    pads = [(0, 0), *(((k - 1) // 2, k // 2) for k in dilated), (0, 0)]
+    return jnp.pad(x, pads, mode="wrap"), "VALID"
