@@ -276,3 +276,28 @@ def test_reference_schedule_with_final_params_reproduces_the_last_norms(x64):
     # every > 1: the last update reads row T // every, the appended one only where every divides T
     with pytest.raises(ValueError, match="every=1"):
         reference_schedule(reference, every=3, final_params=ref_params)
+
+
+def test_a_buffer_longer_than_the_reference_run_reads_as_the_recorded_rows(x64):
+    """``record_norms(num_steps)`` over fewer updates leaves zero rows at the end; mimicry past the
+    recording used to read them as "no reference" (plain SGD for ``wd_mimicry``, unprojected units for
+    ``reference_schedule``), so the buffer's length decided the run. Now it equals the run on the
+    recorded rows alone, whose end is clipped to its last row (a helper's long-horizon fuzz)."""
+    eta, wd = 0.05, 0.2
+    reference_run = optax.chain(record_norms(3 * STEPS), optax.add_decayed_weights(wd), optax.sgd(eta))
+    padded = _run(reference_run)[0][0].norms
+    assert all(np.all(np.asarray(r)[STEPS:] == 0) for r in jax.tree.leaves(padded))
+    recorded = jax.tree.map(lambda r: r[: STEPS // 2], padded)  # mimicry runs past both recordings
+    padded = jax.tree.map(lambda r: r.at[STEPS // 2 :].set(0.0), padded)
+    mask = {name: {"kernel": True} for name in ("Dense_0", "Dense_1", "Dense_2")}
+    for make in (lambda ref: wd_mimicry(ref, step_decay=eta * wd),
+                 lambda ref: norm_schedule(reference_schedule(ref), mask=mask)):
+        _, out_padded, _ = _run(optax.chain(optax.sgd(eta), make(padded)))
+        _, out_recorded, _ = _run(optax.chain(optax.sgd(eta), make(recorded)))
+        np.testing.assert_allclose(out_padded, out_recorded, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_schedule_takes_a_numpy_reference_under_jit():
+    reference = {"k": np.stack([np.full(3, 1.0 + i, np.float32) for i in range(4)])}
+    schedule = reference_schedule(reference)
+    np.testing.assert_allclose(jax.jit(schedule)(jnp.asarray(1))["k"], 3.0)

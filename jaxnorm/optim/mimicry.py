@@ -49,7 +49,8 @@ class NormRecordState(NamedTuple):
       count: updates seen so far.
       norms: per selected kernel a ``(num_records, out)`` float32 buffer, row ``i`` holding the unit
         norms of the params passed to update ``i * every`` (before that update); ``None`` elsewhere.
-        Rows not reached yet are zero.
+        Rows not reached yet are zero; ``wd_mimicry`` and ``reference_schedule`` read a reference past its
+        last written row as that row.
     """
 
     count: jnp.ndarray
@@ -128,8 +129,20 @@ def record_norms(num_steps: int, *, every: int = 1, mask: MaskOrFn = None) -> op
 
 
 def _reference_row(reference: PyTree, index: jax.Array) -> PyTree:
-    """Row ``index`` (clipped to the last) of each recorded leaf; ``None`` (unrecorded) leaves stay."""
-    return jax.tree.map(lambda r: r[jnp.clip(index, 0, r.shape[0] - 1)], reference)
+    """Row ``index`` (:func:`_recorded_row`) of each recorded leaf; ``None`` (unrecorded) leaves stay."""
+    return jax.tree.map(lambda r: _recorded_row(r, index), reference)
+
+
+def _recorded_row(reference: Any, index: jax.Array) -> jax.Array:
+    """Row ``index`` of one recorded ``(rows, out)`` leaf, clipped to its last written row. Rows after
+    the last one with a non-zero entry were never written (a :func:`record_norms` buffer longer than the
+    reference run); clipping there continues the reference's last norms, as past the end of a buffer of
+    the run's own length. A zero row used to make ``wd_mimicry`` keep the plain update and
+    ``reference_schedule`` leave the units unprojected, so the buffer's length decided the run."""
+    reference = jnp.asarray(reference)
+    written = jnp.any(reference != 0, axis=tuple(range(1, reference.ndim)))
+    last = jnp.max(jnp.where(written, jnp.arange(reference.shape[0]), 0))
+    return reference[jnp.clip(index, 0, last)]
 
 
 def _lookup(tree: Any, path: tuple) -> Any:
@@ -255,7 +268,7 @@ def wd_mimicry(
             strict=True,
         ):
             if flag:
-                target = jnp.asarray(ref)[jnp.clip(index, 0, jnp.shape(ref)[0] - 1)]
+                target = _recorded_row(ref, index)
                 # the square of the quotient: squaring each norm first overflows from 1.8e19 and
                 # underflows below 1.1e-19 (inf / inf, 0 / 0: NaN) where the ratio is ordinary
                 ratio = jnp.square(unit_norm(p) / jnp.where(target > 0, target, 1.0))
