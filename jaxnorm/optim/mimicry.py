@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxnorm.functional.weight import unit_norm
@@ -139,10 +140,19 @@ def _recorded_row(reference: Any, index: jax.Array) -> jax.Array:
     reference run); clipping there continues the reference's last norms, as past the end of a buffer of
     the run's own length. A zero row used to make ``wd_mimicry`` keep the plain update and
     ``reference_schedule`` leave the units unprojected, so the buffer's length decided the run."""
-    reference = jnp.asarray(reference)
-    written = jnp.any(reference != 0, axis=tuple(range(1, reference.ndim)))
-    last = jnp.max(jnp.where(written, jnp.arange(reference.shape[0]), 0))
-    return reference[jnp.clip(index, 0, last)]
+    return jnp.asarray(reference)[jnp.clip(index, 0, _last_written_row(reference))]
+
+
+def _last_written_row(reference: Any) -> int | jax.Array:
+    """The index of the last row of ``reference`` with a non-zero entry (0 if none). A concrete
+    reference (the usual case, closed over by the transformation) is read with NumPy, once per trace,
+    so that a jitted update does not reduce the whole recording at every step; a traced one with jnp."""
+    if isinstance(reference, jax.core.Tracer):
+        written = jnp.any(reference != 0, axis=tuple(range(1, reference.ndim)))
+        return jnp.max(jnp.where(written, jnp.arange(reference.shape[0]), 0))
+    reference = np.asarray(reference)
+    written = np.flatnonzero(np.any(reference != 0, axis=tuple(range(1, reference.ndim))))
+    return int(written[-1]) if written.size else 0
 
 
 def _lookup(tree: Any, path: tuple) -> Any:

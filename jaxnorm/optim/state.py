@@ -217,7 +217,7 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
         scaled = lambda tree, op: jax.tree.map(lambda a, b: a if b is None else op(a, b), tree, m,
                                                is_leaf=lambda x: x is None)
         state, state_scaled = tx.init(w), tx.init(scaled(w, jnp.multiply))
-        extra_args = _probe_arguments(tx, w, fn_name)
+        extra_args = _probe_arguments(tx, grads[0], state, w, fn_name)
         update = functools.partial(optax.with_extra_args_support(tx).update, **extra_args)
         for g in grads:
             _, state = update(g, state, w)
@@ -240,20 +240,21 @@ def check_rescaling_law(tx: optax.GradientTransformation, params: PyTree, fn_nam
             )
 
 
-def _probe_arguments(tx: optax.GradientTransformation, params: PyTree, fn_name: str) -> dict[str, Any]:
-    """The extra arguments :func:`check_rescaling_law` passes to ``tx.update``: none, or a loss
-    ``value`` of 1.0 where ``update`` needs one (optax's name for it). An ``update`` that needs yet
-    others raises ``TypeError``: its state would go unchecked (it was skipped, and an adamax under
-    ``reduce_on_plateau`` was carried wrongly without a word)."""
+def _probe_arguments(
+    tx: optax.GradientTransformation, grads: PyTree, state: Any, params: PyTree, fn_name: str
+) -> dict[str, Any]:
+    """The extra arguments :func:`check_rescaling_law` passes to ``tx.update`` (tried on its first
+    probe step): none, or a loss ``value`` of 1.0 where ``update`` needs one (optax's name for it). An
+    ``update`` that needs yet others raises ``TypeError``: its state would go unchecked (it was skipped,
+    and an adamax under ``reduce_on_plateau`` was carried wrongly without a word)."""
     update = optax.with_extra_args_support(tx).update
-    grads = jax.tree.map(jnp.zeros_like, params)
     try:
-        update(grads, tx.init(params), params)
+        update(grads, state, params)
         return {}
     except TypeError as first:
         value = {"value": jnp.ones((), jnp.float32)}
         try:
-            update(grads, tx.init(params), params, **value)
+            update(grads, state, params, **value)
         except TypeError as err:
             raise TypeError(
                 f"{fn_name}: the optimizer's update fails on probe parameters, without and with a loss "

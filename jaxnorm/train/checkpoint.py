@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 PyTree = Any
@@ -134,6 +135,16 @@ def sync_processes(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def process_flags(flag: bool) -> np.ndarray:
+    """``flag`` of every process of a multi-process run, in process order (one small all-gather;
+    ``[flag]`` with one process): what lets every process take the same decision."""
+    if jax.process_count() == 1:
+        return np.asarray([flag])
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(flag))).reshape(-1)
 
 
 class StopSignal:

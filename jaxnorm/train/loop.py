@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from jaxnorm.train import plots
-from jaxnorm.train.checkpoint import Checkpointer, StopSignal, sync_processes
+from jaxnorm.train.checkpoint import Checkpointer, StopSignal, process_flags, sync_processes
 from jaxnorm.train.config_checks import (
     check_accumulation,
     check_init_examples,
@@ -514,11 +514,7 @@ def _stop_agreed(requested: bool) -> bool:
     signal that reached one process only made it leave the loop for a checkpoint save the others never
     joined, and both waited for ever (found 2026-12-02). One small all-gather per step, with several
     processes only."""
-    if jax.process_count() == 1:
-        return requested
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.asarray(requested))))
+    return bool(process_flags(requested).any())
 
 
 def _write_outputs(workdir: str, cfg: ml_collections.ConfigDict, result: RunResult) -> None:

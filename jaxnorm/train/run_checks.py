@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxnorm.train.checkpoint import process_flags
+
 PyTree = Any
 
 
@@ -28,15 +30,12 @@ def agreed_by_every_process(what: str) -> Iterator[None]:
         yield
     except Exception as error:  # every process must reach the exchange, whatever failed
         failure = error
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        failed = np.asarray(multihost_utils.process_allgather(np.asarray(failure is not None))).reshape(-1)
-        if failure is None and failed.any():
-            raise ValueError(
-                f"{what} failed on process(es) {np.flatnonzero(failed).tolist()} (see the error there); "
-                f"process {jax.process_index()} stops too"
-            )
+    failed = process_flags(failure is not None)
+    if failure is None and failed.any():
+        raise ValueError(
+            f"{what} failed on process(es) {np.flatnonzero(failed).tolist()} (see the error there); "
+            f"process {jax.process_index()} stops too"
+        )
     if failure is not None:
         raise failure
 
