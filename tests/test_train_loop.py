@@ -428,3 +428,27 @@ def test_float16_skips_are_counted_reported_and_the_lr_record_follows_the_update
     expected = [0.2 if step - 1 - b < 6 else 0.02 for step, b in zip(steps, before, strict=True)]
     np.testing.assert_allclose([r["lr"] for r in records], expected, rtol=1e-6)
     assert f"{skipped[-1]} of 12 steps overflowed and were skipped" in capsys.readouterr().out
+
+
+def test_weight_norm_plot_wraps_a_long_title_and_puts_a_long_legend_outside(tmp_path, monkeypatch):
+    """The one-panel figure's title is the settings line (about 110 characters for a sweep): it was one line,
+    cut at both edges of the 6-inch figure, and 16 legend entries (4 runs x 4 layers) covered the lines."""
+    from jaxnorm.train import plots
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    layers = ("dense_0", "dense_1", "dense_2", "head")
+    records = [{"split": "train", "step": s, **{f"wnorm/{k}/kernel": 1.0 + s for k in layers}} for s in (1, 2)]
+    title = plots.settings_title(
+        {"model": {"name": "mlp", "norm": "bn"}, "optimizer": {"name": "momentum", "learning_rate": 0.1},
+         "dataset": {"name": "fashion_mnist", "batch_size": 128}, "num_epochs": 8, "seed": 0},
+        varied="model.norm",
+    ) + " · with a long tail added to pass the width"
+    paths = plots.plot_runs({n: records for n in "abcd"}, str(tmp_path), title=title)
+    assert paths[-1].endswith("weight_norms.png") and os.path.exists(paths[-1])
+    (ax,) = figures[-1].axes
+    lines = ax.get_title().split("\n")
+    assert len(lines) > 1 and max(map(len, lines)) <= 70
+    figures[-1].canvas.draw()
+    legend, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= axes_box.x1  # right of the axes, over no line

@@ -10,6 +10,7 @@ the functions return their paths.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,16 +44,23 @@ def _color(i: int) -> Any:
     return plt.get_cmap("tab10")(i % 10)
 
 
+_LEGEND_INSIDE = 8  # a longer legend goes to the right of the axes, where it hides no line
+_TITLE_WIDTH = 70  # characters per line of a one-panel figure's title at fontsize "small"
+
+
 def _finish(fig, ax, ylabel: str, path: str, *, log: bool = False, fontsize: str = "small") -> str:
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
+    handles = ax.get_legend_handles_labels()[0]
+    if len(handles) > _LEGEND_INSIDE:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    elif handles:
         ax.legend(fontsize=fontsize)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the canvas takes in a legend outside the axes
     plt.close(fig)
     return path
 
@@ -124,7 +132,7 @@ def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str
     if title:
         fig.suptitle(title, fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the canvas takes in a legend outside the axes
     plt.close(fig)
     return path
 
@@ -154,7 +162,7 @@ def _weight_norm_figure(runs: Mapping[str, Records], path: str, title: str) -> s
         plt.close(fig)
         return None
     if title:
-        ax.set_title(title, fontsize="small")
+        ax.set_title("\n".join(textwrap.wrap(title, _TITLE_WIDTH)), fontsize="small")
     return _finish(fig, ax, "mean per-unit weight norm", path, log=True, fontsize="x-small")
 
 
