@@ -438,7 +438,9 @@ def test_weight_norm_plot_wraps_a_long_title_and_puts_a_long_legend_outside(tmp_
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)
     layers = ("dense_0", "dense_1", "dense_2", "head")
-    records = [{"split": "train", "step": s, **{f"wnorm/{k}/kernel": 1.0 + s for k in layers}} for s in (1, 2)]
+    records = [
+        {"split": "train", "step": s, **{f"wnorm/{k}/kernel": 1.0 + s for k in layers}} for s in (1, 2)
+    ]
     title = plots.settings_title(
         {"model": {"name": "mlp", "norm": "bn"}, "optimizer": {"name": "momentum", "learning_rate": 0.1},
          "dataset": {"name": "fashion_mnist", "batch_size": 128}, "num_epochs": 8, "seed": 0},
