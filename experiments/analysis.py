@@ -51,6 +51,7 @@ import numpy as np
 from experiments.scripts.records import (
     as_recorded,
     check_no_repeated_runs,
+    diverged,
     parse_value,
     read_records,
     result_sets,
@@ -64,38 +65,44 @@ WRITEUP = os.path.join(HERE, "REPRODUCTION.md")
 
 
 class Group(NamedTuple):
-    """A variant's results over seeds: mean, sample std (ddof = 1; NaN for one seed) and seed count."""
+    """A variant's results over seeds: mean, sample std (ddof = 1; NaN for one seed) and seed count, of
+    the seeds that did not diverge; ``diverged`` counts those that did (left out of all three)."""
 
     mean: float
     std: float
     n: int
+    diverged: int = 0
 
 
 def from_values(values: Sequence[float]) -> Group:
-    """``Group`` of per-seed values (std with ddof = 1). Equal values give exactly their value and std 0:
-    NumPy's mean and two-pass std leave rounding residues (1.4e-14 for three 90.1s) that Welch's test
-    would read as spread."""
+    """``Group`` of per-seed values (std with ddof = 1). A non-finite value is a diverged seed: it has no
+    accuracy to average, so it is counted in ``diverged`` and left out of the mean and std. Equal values
+    give exactly their value and std 0: NumPy's mean and two-pass std leave rounding residues (1.4e-14
+    for three 90.1s) that Welch's test would read as spread."""
     if not isinstance(values, Sequence | np.ndarray) or not all(map(is_real, values)):
         raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
     v = np.asarray(values, dtype=float)
     if v.ndim != 1 or v.size == 0:
         raise ValueError(f"values must be a non-empty list of numbers, got {values!r}")
-    if not np.all(np.isfinite(v)):
-        raise ValueError(
-            f"values must be finite (a diverged seed has no accuracy to average), got {values!r}"
-        )
-    if v.size < 2:
-        return Group(float(v[0]), math.nan, 1)
-    if np.all(v == v[0]):
-        return Group(float(v[0]), 0.0, int(v.size))
-    return Group(float(v.mean()), float(v.std(ddof=1)), int(v.size))
+    kept = v[np.isfinite(v)]
+    lost = int(v.size - kept.size)
+    if kept.size == 0:
+        return Group(math.nan, math.nan, 0, lost)
+    if kept.size < 2:
+        return Group(float(kept[0]), math.nan, 1, lost)
+    if np.all(kept == kept[0]):
+        return Group(float(kept[0]), 0.0, int(kept.size), lost)
+    return Group(float(kept.mean()), float(kept.std(ddof=1)), int(kept.size), lost)
 
 
 def accuracy(run: dict, where: str) -> float:
-    """A finished run's ``eval_accuracy`` (a fraction in [0, 1]) in %; ``ValueError`` naming ``where``
+    """A finished run's ``eval_accuracy`` (a fraction in [0, 1]) in %, NaN for a run that diverged
+    (:func:`~experiments.scripts.records.diverged`); ``ValueError`` naming ``where``
     for a missing, non-numeric or out-of-range one (a value already in % would average to 4540 %)
     and for a preempted run (its accuracy is not the final one)."""
     value = run.get("eval_accuracy") if isinstance(run, dict) else None
+    if isinstance(run, dict) and diverged(run) and not run.get("preempted"):
+        return math.nan
     if not is_real(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{where}: eval_accuracy must be a fraction in [0, 1], got {value!r}")
     if run.get("preempted"):
@@ -227,7 +234,12 @@ def run_field(run: dict, field: str, ref: str) -> float:
     if points is None or len(points) < n:
         raise ValueError(f"{ref!r}: the run has {0 if points is None else len(points)} evaluations, not {n}")
     value = float(points[n - 1][1])
-    return 100.0 * value if kind == "acc" else value
+    if kind == "acc":
+        # a NaN model's accuracy was recorded as the share of class 0: the loss up to then decides
+        losses = run.get("train_curve") or ()
+        lost = len(losses) >= n and not math.isfinite(float(losses[n - 1][1]))
+        return math.nan if lost else 100.0 * value
+    return value
 
 
 def welch(a: Group, b: Group) -> tuple[float, float]:
@@ -235,6 +247,11 @@ def welch(a: Group, b: Group) -> tuple[float, float]:
     of one seed, or both groups without spread)."""
     from scipy import stats
 
+    if a.diverged or b.diverged:
+        raise ValueError(
+            f"a difference of groups with diverged seeds ({a.diverged} and {b.diverged}) would compare the"
+            " seeds that survived; state the divergence instead"
+        )
     diff = a.mean - b.mean
     if min(a.n, b.n) < 2 or (a.std == 0 and b.std == 0):
         return diff, math.nan
@@ -259,11 +276,13 @@ def digits(g: Group) -> int:
 
 
 def fmt_group(g: Group) -> str:
-    """``mean ± s`` (``mean`` alone for one seed; "pending" for none yet)."""
+    """``mean ± s`` (``mean`` alone for one seed; "pending" for none yet), followed by ``(k of N
+    diverged)`` where seeds diverged (``diverged`` / ``all N diverged`` where every one did)."""
     if g.n == 0:
-        return "pending"
+        return {0: "pending", 1: "diverged"}.get(g.diverged, f"all {g.diverged} diverged")
     d = digits(g)
-    return f"{g.mean:.{d}f}" if g.n < 2 else f"{g.mean:.{d}f} ± {g.std:.{d}f}"
+    text = f"{g.mean:.{d}f}" if g.n < 2 else f"{g.mean:.{d}f} ± {g.std:.{d}f}"
+    return text + (f" ({g.diverged} of {g.n + g.diverged} diverged)" if g.diverged else "")
 
 
 def fmt_p(p: float) -> str:
@@ -337,7 +356,7 @@ def sweep_table(name: str, row_keys: str, chosen_key: str = "") -> str:
             g = runs_group(selected, f"{name}:{variant}@{point}")
             chosen = sorted({repr(r["grid"].get(chosen_key)) for r in selected})
             at = f", {chosen_key.rsplit('.', 1)[-1]} {'/'.join(chosen)}" if chosen_key and chosen else ""
-            cells.append(f"{fmt_group(g)} (n {g.n}{at})")
+            cells.append(f"{fmt_group(g)} (n {g.n + g.diverged}{at})")  # n: every run, diverged or not
         lines.append("| " + " | ".join(map(str, row)) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

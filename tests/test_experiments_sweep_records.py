@@ -394,3 +394,24 @@ def test_the_grid_scripts_report_a_bad_argument_in_one_line(tiny, tmp_path):
         "error: --grid seed=0,1: seed is not a setting of a grid run; give seeds with --seeds, which sets "
         "each run's seed"
     ]
+
+
+def test_a_diverged_run_is_no_seed_of_its_group_whatever_accuracy_it_recorded(results_dir, tmp_path):
+    """Runs recorded before the loop scored a NaN model as NaN hold the share of class 0 (``argmax`` of
+    NaN logits) as eval_accuracy: 0.1016 in cifar10_enorm_fc_select, 0.10 in fmnist_beyond, where a
+    group of seeds 0.87 / 0.88 / diverged printed 61.70 ± 44.78. The losses mark them diverged."""
+    nan_run = {**_run("a", 2, 0.1), "train_loss": float("nan"), "eval_loss": "nan"}
+    _use(results_dir, "div", [_run("a", 0, 0.87), _run("a", 1, 0.88), nan_run])
+    g = analysis.group("div:a")
+    assert (g.mean, g.n, g.diverged) == (pytest.approx(87.5), 2, 1)
+    assert analysis.fmt_group(g) == "87.50 ± 0.71 (1 of 3 diverged)"
+    assert analysis.fmt_group(analysis.from_values([float("nan")])) == "diverged"
+    with pytest.raises(ValueError, match="diverged seeds"):
+        analysis.welch(g, analysis.from_values([80.0, 81.0]))
+    # an epoch's accuracy is that of a diverged model where the loss up to it is not finite
+    curve_run = {**_run("b", 0, 0.1), "curve": [[10, 0.1]], "train_curve": [[10, float("nan")]]}
+    assert np.isnan(analysis.run_field(curve_run, "acc@1", "x"))
+    # --select: a diverged run counts 0 (its 0.1016 beat a rate whose runs reached 0.1010)
+    path = tmp_path / "select.jsonl"
+    _write(path, [{**nan_run, "grid": {"lr": 0.1}}, _run("a", 2, 0.101, {"lr": 0.01})])
+    assert resume_grid.select(str(path), "lr", "a", {}) == 0.01

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -105,6 +106,23 @@ def as_recorded(value: Any) -> str:
     """``value`` as a JSON line holds it, as a string: a tuple and the list it is recorded as compare
     equal (``('a',)`` on the command line, ``["a"]`` in the file)."""
     return repr(json.loads(json.dumps(value, default=float)))
+
+
+_NON_FINITE = ("nan", "inf", "-inf")  # how a run's summary records a non-finite number (metrics._jsonable)
+
+
+def diverged(run: Mapping[str, Any]) -> bool:
+    """Whether a finished run diverged: its ``eval_accuracy``, ``train_loss`` or ``eval_loss`` is not
+    a finite number (NaN or inf, or their strings). Runs recorded before the loop scored a NaN model as
+    NaN hold the share of class 0 as ``eval_accuracy`` (``argmax`` of NaN logits is class 0), so the
+    losses decide too."""
+    for key in ("eval_accuracy", "train_loss", "eval_loss"):
+        value = run.get(key)
+        if isinstance(value, str) and value in _NON_FINITE:
+            return True
+        if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
+            return True
+    return False
 
 
 def run_identity(record: Mapping[str, Any]) -> tuple:

@@ -67,6 +67,7 @@ from experiments.scripts.common import (
 from experiments.scripts.records import (
     as_recorded,
     check_no_repeated_runs,
+    diverged,
     parse_set,
     parse_value,
     read_records,
@@ -154,8 +155,9 @@ def read_runs(path: str) -> list[dict[str, Any]]:
 
 def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: str | None = None) -> Any:
     """The value of ``key`` whose runs of ``variant`` (of config ``config``, when given) at ``point``
-    (other grid keys) in the JSONL file ``path`` have the best mean final ``eval_accuracy`` (NaN
-    counts as 0; a tie goes to the value first in the file).
+    (other grid keys) in the JSONL file ``path`` have the best mean final ``eval_accuracy`` (a run that
+    diverged counts as 0, :func:`~experiments.scripts.records.diverged`, whatever accuracy it recorded;
+    a tie goes to the value first in the file).
 
     ``ValueError`` when there are no such runs, when they differ in a setting ``point`` does not fix
     (another grid key, a ``--set`` value such as the optimizer: the choice would pool them; make it a
@@ -180,8 +182,8 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
     _check_one_setting(runs, key, point, where)
     scores: dict[str, list[float]] = {}
     for r in runs:
-        acc = float(r["eval_accuracy"])
-        scores.setdefault(as_recorded(r["grid"][key]), []).append(acc if acc == acc else 0.0)
+        acc = 0.0 if diverged(r) else float(r["eval_accuracy"])
+        scores.setdefault(as_recorded(r["grid"][key]), []).append(acc)
     values = {as_recorded(r["grid"][key]): r["grid"][key] for r in here}
     if set(values) != set(scores) or len({len(s) for s in scores.values()}) > 1:
         counts = {values[v]: len(scores.get(v, ())) for v in sorted(values)}

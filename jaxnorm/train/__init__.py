@@ -20,7 +20,7 @@ from jaxnorm.train.plots import plot_run, plot_runs
 from jaxnorm.train.precision import LossScale, adjust_loss_scale, initial_loss_scale
 from jaxnorm.train.sharding import DataParallel, initialize_distributed
 from jaxnorm.train.state import TrainState, create_train_state
-from jaxnorm.train.step import cross_entropy, make_eval_step, make_train_step
+from jaxnorm.train.step import correct_predictions, cross_entropy, make_eval_step, make_train_step
 
 __all__ = [
     "OPTIMIZERS",
@@ -37,6 +37,7 @@ __all__ = [
     "StopSignal",
     "TrainState",
     "adjust_loss_scale",
+    "correct_predictions",
     "create_train_state",
     "cross_entropy",
     "default_config",

@@ -267,7 +267,8 @@ def results_table(results: Mapping[str, Mapping[str, Any]]) -> str:
         mark = " (recorded)" if summary.get("recorded") else " (partial)" if summary.get("preempted") else ""
         cells = [name + mark]
         for key, _, fmt in TABLE_COLUMNS:
-            cells.append(fmt.format(summary[key]) if key in summary else "-")
+            # float(): a non-finite number is recorded as its string ("nan"; metrics._jsonable)
+            cells.append(fmt.format(float(summary[key])) if key in summary else "-")
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join(

@@ -23,6 +23,7 @@ the rotational-equilibrium prediction ``angle_eq``), ``init_examples`` (the firs
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -86,13 +87,13 @@ class RunResult(NamedTuple):
       history: every metrics record of the run (train records per step, eval records).
       summary: final numbers: ``train_loss``, ``train_accuracy`` (mean over the last epoch, or over
         the second half of a run shorter than two epochs), ``eval_loss``, ``eval_accuracy``,
-        ``best_eval_accuracy``, ``steps``, ``skipped_steps`` (float16: the steps whose update
-        overflowed and was skipped), ``seconds`` (wall time of the step loop, this session),
-        ``images_per_second`` (training throughput after the first, compiling step; evaluation and
-        checkpoint writing excluded; absent when the session timed no step), ``preempted``,
-        ``resumed_from_step`` (when this session continued a run), ``recorded`` (``True`` when the run
-        had already finished: nothing was trained and the numbers, timings included, are the
-        recorded ones).
+        ``best_eval_accuracy`` (the best finite one; NaN when none is), ``steps``, ``skipped_steps``
+        (float16: the steps whose update overflowed and was skipped), ``seconds`` (wall time of the
+        step loop, this session), ``images_per_second`` (training throughput after the first,
+        compiling step; evaluation and checkpoint writing excluded; absent when the session timed no
+        step), ``preempted``, ``resumed_from_step`` (when this session continued a run), ``recorded``
+        (``True`` when the run had already finished: nothing was trained and the numbers, timings
+        included, are the recorded ones).
       preempted: the run stopped early on SIGTERM / preemption (a checkpoint was saved).
     """
 
@@ -462,7 +463,8 @@ def _loop(
                 if s % cfg.log_every == 0 or s == steps:
                     flush(state)
                     if bar is not None:
-                        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", refresh=False)
+                        # float(): a non-finite loss is recorded as its string ("nan"; metrics._jsonable)
+                        bar.set_postfix(loss=f"{float(history[-1]['loss']):.4f}", refresh=False)
                 if eval_data is not None and (s % eval_every == 0 or s == steps):
                     if pending:
                         flush(state)
@@ -545,7 +547,8 @@ def _summary(history: list[dict[str, Any]], steps_per_epoch: int) -> dict[str, A
         summary["train_loss"] = float(np.mean([float(r["loss"]) for r in last]))
         summary["train_accuracy"] = float(np.mean([float(r["accuracy"]) for r in last]))
     if evals:
-        summary["eval_loss"] = evals[-1]["loss"]
-        summary["eval_accuracy"] = evals[-1]["accuracy"]
-        summary["best_eval_accuracy"] = max(r["accuracy"] for r in evals)
+        summary["eval_loss"] = float(evals[-1]["loss"])
+        summary["eval_accuracy"] = float(evals[-1]["accuracy"])
+        finite = [a for a in (float(r["accuracy"]) for r in evals) if math.isfinite(a)]
+        summary["best_eval_accuracy"] = max(finite, default=math.nan)
     return summary

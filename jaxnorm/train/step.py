@@ -37,6 +37,16 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(dtype), labels)
 
 
+def correct_predictions(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per example: 1.0 where the largest logit is the label's, 0.0 where it is not, and NaN where any
+    of the example's logits is not finite. The argmax of NaN logits is class 0, so a diverged model
+    would otherwise score the share of class 0 in the data (10 % on a balanced 10-class split) and pass
+    for a trained one; with NaN its accuracy is NaN, as its loss is."""
+    finite = jnp.all(jnp.isfinite(logits), axis=-1)
+    hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    return jnp.where(finite, hit, jnp.nan)
+
+
 def _pmean(x: PyTree, axis_name: str | None) -> PyTree:
     return x if axis_name is None else jax.lax.pmean(x, axis_name)
 
@@ -117,7 +127,7 @@ def make_train_step(
         logits, new_model_state = _apply(apply_fn, variables, images, train=True, rngs={"dropout": rng})
         weights = batch.get("mask")
         loss = _mean_over_examples(cross_entropy(logits, batch["label"]), weights, axis_name)
-        correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+        correct = correct_predictions(logits, batch["label"])
         accuracy = _mean_over_examples(correct, weights, axis_name)
         penalty = jnp.zeros((), jnp.float32) if params_hook is None else params_hook.penalty(params)
         total = loss + penalty
@@ -231,7 +241,8 @@ def make_eval_step(
             mask = jnp.ones(batch["label"].shape, jnp.float32)
         sums = {
             "loss_sum": (cross_entropy(logits, batch["label"]) * mask).sum(),
-            "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
+            # padding rows (mask 0) count 0, even where their logits are NaN
+            "correct": jnp.where(mask > 0, correct_predictions(logits, batch["label"]) * mask, 0).sum(),
             "count": mask.sum(),
         }
         return sums if axis_name is None else jax.lax.psum(sums, axis_name)
