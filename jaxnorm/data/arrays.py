@@ -12,6 +12,8 @@ training mode sees no artificial zeros; the mask keeps the copies out of the met
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -104,6 +106,19 @@ class ArraySource(Dataset):
             )
         probe = self._process({k: v[:1] for k, v in self.arrays.items()}, np.random.default_rng(0))
         self.image_shape = tuple(probe["image"].shape[1:]) if "image" in probe else ()
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the examples: BLAKE2b (16 hex digits) over every array's key, dtype, shape and
+        bytes, in key order, computed once, when first asked (about 0.2 s for 200 MB). A resumed run
+        compares it (:func:`jaxnorm.train.run_record.run_identity`), so that two sources of one size,
+        e.g. a validation and a test split, are told apart. The ``transform`` is not part of it."""
+        digest = hashlib.blake2b(digest_size=8)
+        for key in sorted(self.arrays):
+            array = np.ascontiguousarray(self.arrays[key])
+            digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())
+            digest.update(array.data if array.size else b"")
+        return digest.hexdigest()
 
     def _process(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return dict(self.transform(batch, rng)) if self.transform is not None else batch

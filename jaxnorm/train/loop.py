@@ -55,6 +55,7 @@ from jaxnorm.train.precision import initial_loss_scale
 from jaxnorm.train.run_checks import (
     agreed_by_every_process,
     check_batch_norm_axis,
+    check_eval_source_complete,
     check_padded_training,
     check_parallel_mode,
     check_source_processes,
@@ -215,11 +216,12 @@ def train(
         if eval_data is not None:
             parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
             check_source_processes(eval_data, "eval_data")
+            check_eval_source_complete(eval_data)
     primary = jax.process_index() == 0
     report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
     check_accumulation(cfg.optimizer, steps)
-    identity = run_identity(model, train_data)
+    identity = run_identity(model, train_data, eval_data)
     plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)
     hook = params_hook_for(cfg, model, images)

@@ -56,6 +56,22 @@ def check_source_processes(source: Any, what: str) -> None:
         )
 
 
+def check_eval_source_complete(source: Any) -> None:
+    """``ValueError`` when the eval source would leave examples out: it drops the last partial batch
+    (``drop_remainder=True``, the default of :class:`jaxnorm.data.ArraySource` and of
+    ``jaxnorm.data.load``) and its number of examples is no multiple of its batch, so the reported
+    accuracy would be that of a subset (9,984 of Fashion-MNIST's 10,000 test images at batch 256). A
+    source that does not say its size and whether it drops passes."""
+    drops = getattr(source, "drop_remainder", False)
+    count, batch = getattr(source, "num_examples", None), getattr(source, "global_batch_size", None)
+    if drops is True and count is not None and batch and count % batch:
+        raise ValueError(
+            f"eval_data drops its last partial batch (drop_remainder=True): it would evaluate "
+            f"{count - count % batch} of its {count} examples; build it with drop_remainder=False, "
+            "which pads the last batch with masked copies (exact over every example)"
+        )
+
+
 def check_parallel_mode(configured: Any, mode: str, explicit: bool) -> None:
     """``ValueError`` when the config's ``parallel`` names another mode than the ``DataParallel`` the run
     was handed: the run record would say one and the run do the other. ``explicit``: the config sets

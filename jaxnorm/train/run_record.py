@@ -138,33 +138,54 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
     }
 
 
-def run_identity(model: Any, train_data: Any) -> dict[str, Any]:
-    """What a run trains that its config may not say: the model, as its ``repr`` (a linen module's
-    attributes, nested modules included; memory addresses of functions left out, whitespace
-    collapsed), and the training data's number of examples and global batch size (those it says), as
-    plain JSON values: what ``run.json`` stores and :func:`identity_differences` compares."""
+def run_identity(model: Any, train_data: Any, eval_data: Any = None) -> dict[str, Any]:
+    """What a run trains and evaluates that its config may not say, as plain JSON values (what
+    ``run.json`` stores and :func:`identity_differences` compares): the model, as its ``repr`` (a linen
+    module's attributes, nested modules included; memory addresses of functions left out, whitespace
+    collapsed); the training data's number of examples, global batch size and ``fingerprint`` (a digest
+    of its examples, :attr:`jaxnorm.data.ArraySource.fingerprint`), and the eval data's number of
+    examples and fingerprint (not its batch size: the evaluation is exact at any), each where the source
+    says it."""
     description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
-    sizes = {key: getattr(train_data, key, None) for key in ("num_examples", "global_batch_size")}
-    return {
+    identity = {
         "model": " ".join(description.split()),
-        "train_data": {key: int(value) for key, value in sizes.items() if value is not None},
+        "train_data": _source_identity(train_data, ("num_examples", "global_batch_size")),
     }
+    if eval_data is not None:
+        identity["eval_data"] = _source_identity(eval_data, ("num_examples",))
+    return identity
+
+
+def _source_identity(source: Any, sizes: tuple[str, ...]) -> dict[str, Any]:
+    identity: dict[str, Any] = {}
+    for key in sizes:
+        value = getattr(source, key, None)
+        if value is not None:
+            identity[key] = int(value)
+    fingerprint = getattr(source, "fingerprint", None)
+    if isinstance(fingerprint, str):
+        identity["fingerprint"] = fingerprint
+    return identity
+
+
+_DATA = ("train_data", "eval_data")
 
 
 def identity_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, tuple]:
     """``{key: (old, new)}`` of two :func:`run_identity` values (none where either is unknown: a run
-    recorded before identities were, or a check without a model; of the training data, the sizes both
-    know: a wrapper of a source may not say its number of examples)."""
+    recorded before identities were, or a check without a model; of the data, what both know: a
+    wrapper of a source may not say its number of examples, a run recorded before fingerprints or
+    without eval data has none)."""
     if not old or not new:
         return {}
-    old_data, new_data = old.get("train_data") or {}, new.get("train_data") or {}
-    common = set(old_data) & set(new_data)
     differences = {}
     if old.get("model") != new.get("model"):
         differences["model"] = (old.get("model"), new.get("model"))
-    if any(old_data[k] != new_data[k] for k in common):
-        pick = lambda sizes: {k: sizes[k] for k in sorted(common)}
-        differences["train_data"] = (pick(old_data), pick(new_data))
+    for data in _DATA:
+        old_data, new_data = old.get(data) or {}, new.get(data) or {}
+        common = sorted(set(old_data) & set(new_data))
+        if any(old_data[k] != new_data[k] for k in common):
+            differences[data] = ({k: old_data[k] for k in common}, {k: new_data[k] for k in common})
     return differences
 
 
