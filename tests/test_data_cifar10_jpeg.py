@@ -90,3 +90,39 @@ def test_real_archive_is_prepared_and_loads_as_cifar10_jpeg(tmp_path, monkeypatc
     with pytest.raises(data.DatasetNotFoundError):
         data.load("cifar10", "train", batch_size=8, train=True, data_dir=tmp_path)
     tfds_io.read_arrays.cache_clear()
+
+
+# ---------------------------------------------------------------- ImageNet's pipeline on cifar10_jpeg
+
+def _imagenet_eval(split: str, process_index: int, process_count: int, local_batch: int):
+    """``ImageNetDataset`` evaluation of ``split`` of the prepared ``cifar10_jpeg`` (JPEGs, as ImageNet's):
+    ``(steps_per_epoch, label counts of the real examples)`` of one process."""
+    from jaxnorm.data import imagenet
+
+    ds = imagenet.ImageNetDataset(
+        split, data_dir=data.resolve_data_dir(None), mean=(0.5,) * 3, std=(0.25,) * 3,
+        batch_size=local_batch * process_count, train=False, seed=0, augment="none",
+        drop_remainder=False, process_index=process_index, process_count=process_count,
+        prefetch_size=1)
+    batches = list(ds.epoch(0))
+    assert len(batches) == ds.steps_per_epoch
+    labels = np.concatenate([b["label"][b["mask"] == 1] for b in batches])
+    return ds.steps_per_epoch, np.bincount(labels, minlength=10)
+
+
+@pytest.mark.skipif(not cifar10_jpeg.is_prepared(), reason="cifar10_jpeg is not prepared")
+def test_imagenet_multiprocess_eval_counts_every_example_once(monkeypatch):
+    """Padded multi-process evaluation: every example of the split is counted by exactly one process
+    (``N mod n`` were dropped) and all processes run the same number of steps. Local batches 37 and 71
+    make the shorter shares (333 of 1000 for 3 processes, 142 for 7) need one step fewer."""
+    builder = tfds_io.builder
+    monkeypatch.setattr(tfds_io, "builder", lambda name, data_dir: builder(cifar10_jpeg.NAME, data_dir))
+    split = "test[:1000]"
+    _, expected = _imagenet_eval(split, 0, 1, 64)
+    assert expected.sum() == 1000
+    for process_count, local_batch in ((1, 64), (3, 37), (7, 71)):
+        runs = [_imagenet_eval(split, k, process_count, local_batch) for k in range(process_count)]
+        assert len({steps for steps, _ in runs}) == 1, (process_count, [steps for steps, _ in runs])
+        np.testing.assert_array_equal(sum(counts for _, counts in runs), expected, err_msg=f"{process_count}")
+    with pytest.raises(ValueError, match="fewer than the 3 processes"):  # one process would read nothing
+        _imagenet_eval("test[:2]", 2, 3, 1)

@@ -44,7 +44,13 @@ class ImageNetDataset(Dataset):
     """``imagenet2012`` read by ``tf.data``; process ``i`` of ``n`` reads its own ``1/n`` of the
     split (``tfds.even_splits``). Epoch ``e`` shuffles with seed ``(seed, e)`` and every example's
     crop and flip use stateless random ops seeded by ``(seed, e, position)``, so an epoch is a
-    deterministic function of ``(seed, e)``."""
+    deterministic function of ``(seed, e)``.
+
+    With ``drop_remainder`` the shares are equal (``N // n`` each, the rest dropped) and an epoch is
+    ``share // batch_size`` steps. Without it (evaluation) every example is read by exactly one
+    process: the first ``N mod n`` processes read one more, every process runs
+    ``ceil(ceil(N / n) / batch_size)`` steps (the same count everywhere: they meet in collectives)
+    and fills its last batches up with masked copies of its own examples."""
 
     def __init__(
         self, split: str, *, data_dir: Path, mean: tuple[float, ...], std: tuple[float, ...],
@@ -62,7 +68,8 @@ class ImageNetDataset(Dataset):
         shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, low=1)
         self.tf = tfds_io.tensorflow()
         self.builder = tfds_io.builder("imagenet2012", data_dir)
-        self.split = tfds.even_splits(split, n=process_count, drop_remainder=True)[process_index]
+        shares = tfds.even_splits(split, n=process_count, drop_remainder=drop_remainder)
+        self.split = shares[process_index]
         self.mean = np.asarray(mean, np.float32) * 255
         self.std = np.asarray(std, np.float32) * 255
         self.train, self.seed, self.augment = train, seed, augment
@@ -71,15 +78,25 @@ class ImageNetDataset(Dataset):
         self.global_batch_size = batch_size
         self.batch_size = batch_size // process_count
         self.num_examples = self._count(split)
-        local_examples = self._count(self.split)
-        if drop_remainder:
-            self.steps_per_epoch = local_examples // self.batch_size
-        else:
-            self.steps_per_epoch = -(-local_examples // self.batch_size)
-        if self.steps_per_epoch == 0:
+        if self.num_examples < process_count:  # a process without examples: TFDS cannot read its share
             raise ValueError(
-                f"batch_size={batch_size} exceeds the {self.num_examples} examples of the split")
+                f"split={split!r} has {self.num_examples} examples, fewer than the {process_count} processes")
+        self.local_examples = self._count(self.split)
+        self.steps_per_epoch = self._steps_per_epoch(shares[0])
         self.image_shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
+
+    def _steps_per_epoch(self, largest_share: str) -> int:
+        """``local_examples // batch_size`` with ``drop_remainder`` (equal shares), else
+        ``ceil(examples of largest_share / batch_size)``, the same on every process (``even_splits``
+        gives the remainder to the first processes: share 0 is the largest)."""
+        if self.drop_remainder:
+            steps = self.local_examples // self.batch_size
+        else:
+            steps = -(-self._count(largest_share) // self.batch_size)
+        if steps == 0:
+            raise ValueError(
+                f"batch_size={self.global_batch_size} exceeds the {self.num_examples} examples of the split")
+        return steps
 
     def _count(self, split: str) -> int:
         """Examples in ``split`` (the dataset's known cardinality)."""
@@ -115,10 +132,10 @@ class ImageNetDataset(Dataset):
                     "mask": tf.ones((), tf.float32)}
 
         ds = ds.enumerate().map(process, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if not self.drop_remainder:  # fill the last batch up with masked copies of real examples
-            copies = ds.take(self.batch_size - 1).map(
-                lambda example: {**example, "mask": tf.zeros((), tf.float32)})
-            ds = ds.concatenate(copies)
+        if not self.drop_remainder:  # fill the last batches up with masked copies of real examples
+            padding = self.steps_per_epoch * self.batch_size - self.local_examples
+            copies = ds.map(lambda example: {**example, "mask": tf.zeros((), tf.float32)})
+            ds = ds.concatenate(copies.repeat().take(padding))
         ds = ds.batch(self.batch_size, drop_remainder=True).take(self.steps_per_epoch)
         return ds.prefetch(self.prefetch_size or tf.data.AUTOTUNE)
 
