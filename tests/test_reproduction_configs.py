@@ -212,18 +212,45 @@ def test_implicit_imbalance_matches_numpy_and_vanishes_after_balancing(x64):
     assert analyses.imbalance(balanced, spec) < 1e-4
 
 
-def test_enorm_nv_merge_concatenates_seeds_per_cell(tmp_path):
+def _json_files(tmp_path, *saved) -> list[str]:
     import json
 
-    first = {"sgd": {"8": {"bn": [0.8], "enorm-1": [0.7]}}}
-    second = {"sgd": {"8": {"bn": [0.9], "enorm-1": [0.6]}, "32": {"bn": [0.5]}}}
     paths = []
-    for i, results in enumerate((first, second)):
+    for i, results in enumerate(saved):
         paths.append(tmp_path / f"s{i}.json")
         paths[-1].write_text(json.dumps(results))
-    merged = enorm_nv.merge([str(p) for p in paths])
-    assert merged == {"sgd": {8: {"bn": [0.8, 0.9], "enorm-1": [0.7, 0.6]}, 32: {"bn": [0.5]}}}
-    assert "| 8 | 85.00 ± 5.00 | 65.00 ± 5.00 |" in enorm_nv.tables({"sgd": {8: merged["sgd"][8]}})
+    return [str(p) for p in paths]
+
+
+def test_enorm_nv_merge_unites_seeds_per_cell(tmp_path):
+    first = {"sgd": {"8": {"bn": {"0": 0.8}, "enorm-1": {"0": 0.7}}}}
+    second = {"sgd": {"8": {"bn": {"1": 0.9}, "enorm-1": {"1": 0.6}}, "32": {"bn": [0.5]}}}
+    merged = enorm_nv.merge(_json_files(tmp_path, first, second))
+    assert merged == {"sgd": {8: {"bn": {0: 0.8, 1: 0.9}, "enorm-1": {0: 0.7, 1: 0.6}}, 32: {"bn": [0.5]}}}
+    table = enorm_nv.tables({"sgd": {8: merged["sgd"][8]}})
+    assert "| 8 | 85.00 ± 5.00 (n=2) | 65.00 ± 5.00 (n=2) |" in table
+
+
+def test_enorm_nv_merge_counts_a_seed_in_two_files_once(tmp_path):
+    """Seed 1 in both files: 80.00 ± 8.16 over seeds 0, 1, 2, not 82.50 ± 8.29 over 4 values."""
+    first = {"sgd": {"8": {"bn": {"0": 0.8, "1": 0.9}}}}
+    second = {"sgd": {"8": {"bn": {"1": 0.9, "2": 0.7}}}}
+    merged = enorm_nv.merge(_json_files(tmp_path, first, second))
+    assert merged["sgd"][8]["bn"] == {0: 0.8, 1: 0.9, 2: 0.7}
+    assert "| 8 | 80.00 ± 8.16 (n=3) |" in enorm_nv.tables(merged)
+    conflicting = {"sgd": {"8": {"bn": {"1": 0.5}}}}
+    with pytest.raises(ValueError, match="seed 1 has accuracies"):
+        enorm_nv.merge(_json_files(tmp_path, first, conflicting))
+
+
+def test_enorm_nv_merge_refuses_overlapping_files_without_seed_ids(tmp_path):
+    """Bare lists (files written before seed ids were saved) may hold the same seed: refused, naming
+    the files, where another file has the same cell; a cell in one file only is read as it is."""
+    paths = _json_files(tmp_path, {"sgd": {"8": {"bn": [0.8, 0.9]}}}, {"sgd": {"8": {"bn": {"2": 0.7}}}},
+                        {"sgd": {"32": {"bn": [0.6]}}})
+    with pytest.raises(ValueError, match=f"{paths[0]}, {paths[1]} hold the same cell"):
+        enorm_nv.merge(paths[:2])
+    assert enorm_nv.merge([paths[0], paths[2]]) == {"sgd": {8: {"bn": [0.8, 0.9]}, 32: {"bn": [0.6]}}}
 
 
 @needs_fmnist

@@ -3,8 +3,9 @@
 Runs the ``fmnist_enorm_nv`` variants (baseline, BN, GN, ENorm-1, ENorm-1.2; baseline and ENorm
 with the paper's BatchNorm after the classifier) for every batch size, with SGD without momentum
 (Tables 2 / 5) and with momentum 0.9 (Tables 3 / 6), over ``--seeds``; prints one Markdown table
-per optimizer (rows: batch sizes, columns: variants, test accuracy mean ± std over seeds) and plots
-test accuracy against the batch size (``<out>/fmnist_enorm_nv.png``).
+per optimizer (rows: batch sizes, columns: variants, test accuracy mean ± std over the n seeds) and
+plots test accuracy against the batch size (``<out>/fmnist_enorm_nv.png``). ``--json`` saves every
+cell as ``{seed: accuracy}``; ``--merge`` counts a seed found in several files once.
 
 The BatchNorm after the classifier makes the network a non-chain for
 :func:`jaxnorm.enorm.chain`, so the ENorm junctions are found once with
@@ -46,6 +47,12 @@ CONFIG = "fmnist_enorm_nv"
 OPTIMIZERS = {"sgd": 0.0, "momentum": 0.9}
 """Optimizer name -> momentum (Tables 2 / 5: none; Tables 3 / 6: 0.9)."""
 
+Cell = dict[int, float] | list[float]
+"""One table cell's test accuracies: ``{seed: accuracy}``, or a bare list (``--json`` files written
+before seed ids were saved)."""
+Results = dict[str, dict[int, dict[str, Cell]]]
+"""optimizer -> batch size -> variant -> cell."""
+
 
 def enorm_spec(config) -> tuple:
     """The ENorm junctions of ``config``'s model (with its final BN), found by tracing it."""
@@ -78,8 +85,19 @@ def with_spec(overrides: Mapping[str, Any], spec: tuple) -> dict[str, Any]:
     return out
 
 
-def tables(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]]) -> str:
-    """One Markdown table per optimizer: batch sizes x variants, test accuracy (%) mean ± std."""
+def accuracies(cell: Cell) -> list[float]:
+    """A cell's test accuracies, one per seed (the values of ``{seed: accuracy}``)."""
+    return list(cell.values()) if isinstance(cell, Mapping) else list(cell)
+
+
+def fmt_cell(cell: Cell) -> str:
+    """``mean ± std (n=k)`` of a cell's accuracies in %, ``k`` the number of seeds."""
+    accs = accuracies(cell)
+    return f"{common.fmt(accs, 100)} (n={len(accs)})"
+
+
+def tables(results: Results) -> str:
+    """One Markdown table per optimizer: batch sizes x variants, test accuracy (%) mean ± std (n seeds)."""
     out = []
     for optimizer, by_batch in results.items():
         variants = list(next(iter(by_batch.values())))
@@ -90,19 +108,22 @@ def tables(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]]) -> st
             "| --- |" + " --- |" * len(variants),
         ]
         for batch, accs in by_batch.items():
-            out.append(f"| {batch} | " + " | ".join(common.fmt(accs[v], 100) for v in variants) + " |")
+            out.append(f"| {batch} | " + " | ".join(fmt_cell(accs[v]) for v in variants) + " |")
         out.append("")
     return "\n".join(out)
 
 
-def plot(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]], path: str) -> None:
-    """Test accuracy against the batch size, one panel per optimizer (error bars: std)."""
+def plot(results: Results, path: str) -> None:
+    """Test accuracy against the batch size, one panel per optimizer (error bars: std; a diverged run
+    counts as 10 %)."""
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, (optimizer, by_batch) in zip(axes[0], results.items(), strict=True):
         batches = list(by_batch)
         for variant in next(iter(by_batch.values())):
-            acc = np.array([np.nan_to_num(np.asarray(by_batch[b][variant]) * 100, nan=10.0) for b in batches])
-            ax.errorbar(batches, acc.mean(1), yerr=acc.std(1), marker="o", capsize=3, label=variant)
+            acc = [np.nan_to_num(np.asarray(accuracies(by_batch[b][variant])) * 100, nan=10.0)
+                   for b in batches]
+            ax.errorbar(batches, [a.mean() for a in acc], yerr=[a.std() for a in acc], marker="o", capsize=3,
+                        label=variant)
         ax.set(
             xscale="log",
             xlabel="batch size",
@@ -115,16 +136,46 @@ def plot(results: Mapping[str, Mapping[int, Mapping[str, list[float]]]], path: s
     fig.savefig(path, dpi=80)
 
 
-def merge(paths: Sequence[str]) -> dict[str, dict[int, dict[str, list[float]]]]:
-    """The results saved by ``--json`` in ``paths``, each cell's accuracies concatenated."""
-    results: dict[str, dict[int, dict[str, list[float]]]] = {}
+def saved_cells(path: str):
+    """``(optimizer, batch, variant, cell)`` of every cell of a ``--json`` file."""
+    with open(path) as f:
+        saved = json.load(f)
+    for optimizer, by_batch in saved.items():
+        for batch, by_variant in by_batch.items():
+            for variant, cell in by_variant.items():
+                if isinstance(cell, Mapping):
+                    cell = {int(seed): float(acc) for seed, acc in cell.items()}
+                else:
+                    cell = [float(acc) for acc in cell]
+                yield optimizer, int(batch), variant, cell
+
+
+def merge_cell(cell: Cell, new: Cell, paths: Sequence[str]) -> Cell:
+    """The union by seed of two cells' ``{seed: accuracy}`` (a seed in both counted once); ``ValueError``
+    naming ``paths`` (the files holding the cell) where a cell is a bare list (no seed ids: the same seed
+    might be in both) or a seed's accuracies differ."""
+    if not isinstance(cell, Mapping) or not isinstance(new, Mapping):
+        raise ValueError(
+            f"{', '.join(paths)} hold the same cell, and a file without seed ids (a bare list of "
+            "accuracies) cannot be merged: a seed in two files would be counted twice. Rerun with --json "
+            "to save seed ids, or write the cell as {seed: accuracy}")
+    for seed, acc in new.items():
+        if seed in cell and not (acc == cell[seed] or (np.isnan(acc) and np.isnan(cell[seed]))):
+            raise ValueError(f"{', '.join(paths)}: seed {seed} has accuracies {cell[seed]} and {acc}")
+    return {**cell, **new}
+
+
+def merge(paths: Sequence[str]) -> Results:
+    """The results saved by ``--json`` in ``paths``, each cell the union of its seeds over the files (a
+    seed in several files counted once; see :func:`merge_cell` for the files it refuses)."""
+    results: Results = {}
+    holders: dict[tuple[str, int, str], list[str]] = {}
     for path in paths:
-        with open(path) as f:
-            for optimizer, by_batch in json.load(f).items():
-                for batch, by_variant in by_batch.items():
-                    cell = results.setdefault(optimizer, {}).setdefault(int(batch), {})
-                    for variant, accs in by_variant.items():
-                        cell.setdefault(variant, []).extend(accs)
+        for optimizer, batch, variant, cell in saved_cells(path):
+            where = holders.setdefault((optimizer, batch, variant), [])
+            where.append(path)
+            by_variant = results.setdefault(optimizer, {}).setdefault(batch, {})
+            by_variant[variant] = merge_cell(by_variant[variant], cell, where) if len(where) > 1 else cell
     return results
 
 
@@ -136,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", help="run only these variants")
     parser.add_argument("--set", nargs="*", default=[], help="key=value overrides for every run")
     parser.add_argument("--out", default="experiments/figures")
-    parser.add_argument("--json", default="", help="also write the accuracies here")
+    parser.add_argument("--json", default="", help="also write the accuracies here, by seed")
     parser.add_argument("--merge", nargs="*", help="only tabulate and plot these --json files")
     args = parser.parse_args(argv)
     if args.merge:
@@ -156,17 +207,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = enorm_spec(full)
     variants = common.select_variants(module.VARIANTS, args.only, in_only_order=False)
     common.check_set_conflicts(args.set, variants, has_grid=False)
-    results: dict[str, dict[int, dict[str, list[float]]]] = {}
+    results: Results = {}
     for optimizer in args.optimizers:
         results[optimizer] = {}
         for batch in args.batch_sizes:
             cell = cell_overrides(batch, optimizer, module.learning_rate)
             results[optimizer][batch] = {}
             for name, overrides in variants.items():
-                accs = results[optimizer][batch][name] = []
-                for seed in args.seeds:
+                accs = results[optimizer][batch][name] = {}
+                for seed in dict.fromkeys(args.seeds):  # a seed given twice is run (and counted) once
                     r = common.run_one(base, {**cell, **with_spec(overrides, spec)}, seed)
-                    accs.append(r["eval_accuracy"] if np.isfinite(r["train_loss"]) else float("nan"))
+                    accs[seed] = r["eval_accuracy"] if np.isfinite(r["train_loss"]) else float("nan")
                     print(
                         f"{optimizer} batch {batch} {name} seed {seed}: test acc "
                         f"{100 * r['eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "
