@@ -484,3 +484,19 @@ def test_a_diverged_run_scores_nan_and_still_writes_its_summary_table_and_plots(
     assert "nan" in experiment.results_table({"run": result.summary})
     assert (tmp_path / "summary.json").exists() and (tmp_path / "accuracy.png").exists()
     assert "loss=nan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("num_steps", [0, 300])
+@pytest.mark.parametrize("varied", ["num_epochs", "num_steps"])
+def test_settings_title_of_a_length_sweep_states_no_length(varied, num_steps):
+    """Runs differing in num_epochs (or num_steps) have no common length: the title used to state the
+    base config's ("8.0 epochs · ... runs differ in num_epochs"); other sweeps keep it."""
+    from jaxnorm.train import plots
+
+    config = {"model": {"name": "mlp"}, "dataset": {"name": "fashion_mnist", "batch_size": 128},
+              "num_epochs": 8.0, "num_steps": num_steps, "seed": 0}
+    title = plots.settings_title(config, varied=varied)
+    settings, _, differ = title.partition(" · runs differ in ")
+    assert "epochs" not in settings and "steps" not in settings and differ == varied, title
+    length = "300 steps" if num_steps else "8.0 epochs"
+    assert length in plots.settings_title(config, varied="dataset.batch_size")

@@ -65,10 +65,15 @@ def _finish(fig, ax, ylabel: str, path: str, *, log: bool = False, fontsize: str
     return path
 
 
+LENGTH_KEYS = frozenset({"num_epochs", "num_steps"})
+"""The config keys that set a run's length (``num_steps`` if positive, else ``num_epochs``)."""
+
+
 def settings_title(config: Mapping[str, Any], *, varied: str = "") -> str:
     """One line naming a run's settings: model, norm, optimizer, learning rate and schedule, weight
     decay, dataset and batch size, length, precision, seed (those the config has). ``varied``: a
-    dotted key that differs between the plotted runs (a sweep's key); it is named instead of its value."""
+    dotted key that differs between the plotted runs (a sweep's key); it is named instead of its value,
+    and a varied length key (:data:`LENGTH_KEYS`) drops the length, whichever of the two sets it."""
     model = config.get("model") or {}
     opt = config.get("optimizer") or {}
     dataset = config.get("dataset") or {}
@@ -82,11 +87,12 @@ def settings_title(config: Mapping[str, Any], *, varied: str = "") -> str:
         ("optimizer.weight_decay", f"wd {opt['weight_decay']}" if opt.get("weight_decay") else ""),
         ("dataset.name", dataset.get("name", "")),
         ("dataset.batch_size", f"batch {dataset['batch_size']}" if "batch_size" in dataset else ""),
-        ("num_steps", f"{steps} steps" if steps else f"{config.get('num_epochs', '')} epochs"),
+        ("length", f"{steps} steps" if steps else f"{config.get('num_epochs', '')} epochs"),
         ("precision", str(config.get("precision", ""))),
         ("seed", f"seed {config.get('seed', '')}"),
     ]
-    text = " · ".join(str(value) for key, value in parts if value and key != varied)
+    hidden = "length" if varied in LENGTH_KEYS else varied
+    text = " · ".join(str(value) for key, value in parts if value and key != hidden)
     return f"{text} · runs differ in {varied}" if varied else text
 
 
