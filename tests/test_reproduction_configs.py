@@ -575,3 +575,25 @@ def test_jsonl_sweep_groups_and_tables(tmp_path, monkeypatch):
             analysis.render("{sweep:sweep}")
     finally:
         analysis.load_results.cache_clear()
+
+
+def _seeded_runs(seeds, **analysis) -> list[dict]:
+    """grid.py's run records of one variant (``"seed"`` in each), as common.plot and the reports read them."""
+    return [{"seed": seed, "eval_accuracy": 0.8, "train_loss": 0.5, "curve": [(1, 0.5), (2, 0.8)],
+             "norms": [(1, 1.0), (2, 1.5)], "analysis": analysis} for seed in seeds]
+
+
+def test_single_seed_labels_name_the_seed_drawn(tmp_path, monkeypatch):
+    """``--seeds 1 2``: the norm panel and the single-seed report columns show runs[0], seed 1; they
+    were labelled "(seed 0)"."""
+    figures = []
+    monkeypatch.setattr(common.plt, "close", figures.append)
+    results = {"bn": _seeded_runs([1, 2]), "gn": _seeded_runs([1, 2])}
+    common.plot(results, "title", str(tmp_path / "plot.png"))
+    assert figures[-1].axes[1].get_title() == "weight-norm dynamics (seed 1)"
+    units = {"first": 1.0, "last": 2.0, "head": 3.0, "diverged_at": None}
+    assert "classifier (seed 1) |" in analyses.unit_norms_report({"bn": _seeded_runs([1, 2], **units)})
+    implicit = analyses.implicit_report({"bn": _seeded_runs([1, 2], mean_abs_u=0.1, imbalance=0.2)})
+    assert "mean abs(u) (seed 1)" in implicit and "seed 0" not in implicit
+    assert common.first_seed_label({"a": _seeded_runs([3]), "b": _seeded_runs([0])}) == "seeds 3, 0"
+    assert common.first_seed_label({"a": [{"eval_accuracy": 0.8}]}) == "first seed"

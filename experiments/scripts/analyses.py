@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.scripts.common import fmt
+from experiments.scripts.common import first_seed_label, fmt
 
 Results = Mapping[str, Sequence[Mapping[str, Any]]]
 
@@ -205,7 +205,8 @@ def hessian_analyze(config, result) -> dict[str, Any]:
 
 
 def _by_norm(results: Results) -> dict[str, list[Mapping[str, Any]]]:
-    """Seed 0's records grouped by the model's norm (the variant name's first word), lr ascending."""
+    """Each variant's first run's analysis (:func:`first_seed_label`) grouped by the model's norm (the
+    variant name's first word), lr ascending."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for name, runs in results.items():
         groups.setdefault(name.split()[0], []).append(runs[0]["analysis"])
@@ -214,8 +215,8 @@ def _by_norm(results: Results) -> dict[str, list[Mapping[str, Any]]]:
 
 def hessian_report(results: Results) -> str:
     rows = [
-        "| model | lambda_max at init | 2 / lambda_max | lambda_max after lr 0.1 | largest stable lr |"
-        " final loss per lr |",
+        f"| model ({first_seed_label(results)}) | lambda_max at init | 2 / lambda_max "
+        "| lambda_max after lr 0.1 | largest stable lr | final loss per lr |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for norm, runs in _by_norm(results).items():
@@ -245,7 +246,7 @@ def hessian_figure(results: Results, path: str) -> None:
         xscale="log",
         xlabel="SGD learning rate",
         ylabel="final training loss",
-        title="3 x 256 MLP, Fashion-MNIST: missing points diverged",
+        title=f"3 x 256 MLP, Fashion-MNIST ({first_seed_label(results)}): missing points diverged",
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -278,8 +279,8 @@ def unit_norms_analyze(config, result) -> dict[str, Any]:
 
 def unit_norms_report(results: Results) -> str:
     rows = [
-        "| variant | test acc (%) | train loss | unit norm first / last hidden / classifier (seed 0) "
-        "| diverged |",
+        "| variant | test acc (%) | train loss | unit norm first / last hidden / classifier "
+        f"({first_seed_label(results)}) | diverged |",
         "| --- | --- | --- | --- | --- |",
     ]
     for name, runs in results.items():
@@ -335,7 +336,7 @@ def implicit_analyze(config, result) -> dict[str, float]:
 
 def implicit_report(results: Results) -> str:
     rows = [
-        "| variant | test acc (%) | mean abs(u) (seed 0) | imbalance (seed 0) |",
+        f"| variant | test acc (%) | mean abs(u) ({first_seed_label(results)}) | imbalance (same seed) |",
         "| --- | --- | --- | --- |",
     ]
     for name, runs in results.items():

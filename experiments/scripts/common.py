@@ -318,9 +318,20 @@ def table(results: Mapping[str, list[dict[str, Any]]]) -> str:
     return "\n".join(rows)
 
 
+def first_seed_label(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """``"seed k"``, ``k`` the ``"seed"`` of every variant's first run (``runs[0]``, the one that
+    single-seed panels and columns show): ``"seeds a, b"`` where variants differ, ``"first seed"``
+    where the records carry no seed."""
+    seeds = list(dict.fromkeys(runs[0].get("seed") for runs in results.values() if runs))
+    if not seeds or None in seeds:
+        return "first seed"
+    return f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + ", ".join(map(str, seeds))
+
+
 def plot(results: Mapping[str, list[dict[str, Any]]], title: str, path: str) -> None:
     """Left: mean test accuracy over training, one line per variant (band: min..max over seeds).
-    Right: mean per-unit l2 norm of the hidden kernels over training (first seed)."""
+    Right: mean per-unit l2 norm of the hidden kernels over training (each variant's first run,
+    labelled with its seed: :func:`first_seed_label`)."""
     fig, (ax, ax_norm) = plt.subplots(1, 2, figsize=(12, 4))
     for name, runs in results.items():
         steps = np.array([s for s, _ in runs[0]["curve"]])
@@ -336,7 +347,7 @@ def plot(results: Mapping[str, list[dict[str, Any]]], title: str, path: str) -> 
         xlabel="step",
         ylabel="mean unit ||w|| (hidden kernels)",
         yscale="log",
-        title="weight-norm dynamics (seed 0)",
+        title=f"weight-norm dynamics ({first_seed_label(results)})",
     )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
