@@ -97,6 +97,13 @@ MULTI_HOST = COMMON + textwrap.dedent(
               train_data=ArraySource({"image": X, "label": Y}, 64, seed=0, process_index=0, process_count=2))
     except ValueError as e:
         errors.append(str(e))
+    try:  # a learning rate per process: each trained its own copy of the state, and exited 0
+        lr = {"name": "momentum", "learning_rate": 0.5 if jax.process_index() == 0 else 0.05}
+        train({**CONFIG, "optimizer": lr},
+              model=models.create("mlp", num_classes=3, norm="none", depth=1, width=8),
+              train_data=ArraySource({"image": X, "label": Y}, 64, seed=0))
+    except ValueError as e:
+        errors.append(str(e))
     with open(os.path.join(out, f"errors_{jax.process_index()}.txt"), "w") as f:
         f.write(chr(10).join(errors))
     jax.distributed.shutdown()
@@ -258,6 +265,9 @@ def test_two_processes_match_one_device(single_host, tmp_path):
     assert errors[0].startswith("devices must include devices of every one of the 2 processes")
     assert errors[1].startswith("train_data delivers the share of process 0 of 4, but this is process 1 of 2")
     assert errors[2].startswith("train_data delivers the share of process 0 of 2, but this is process 1 of 2")
+    for process in (0, 1):
+        last = (tmp_path / f"errors_{process}.txt").read_text().splitlines()[3]
+        assert last.startswith("the processes [0] / [1] were started with different experiments")
     errors_0 = (tmp_path / "errors_0.txt").read_text().splitlines()
     assert errors_0[0].startswith("devices must include devices of every one")
     assert errors_0[2] == (

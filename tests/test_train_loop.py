@@ -500,3 +500,22 @@ def test_settings_title_of_a_length_sweep_states_no_length(varied, num_steps):
     assert "epochs" not in settings and "steps" not in settings and differ == varied, title
     length = "300 steps" if num_steps else "8.0 epochs"
     assert length in plots.settings_title(config, varied="dataset.batch_size")
+
+
+def test_a_new_run_in_a_workdir_without_checkpoints_leaves_nothing_of_the_old_one(tmp_path):
+    """A finished run's checkpoints deleted (to free disk), another experiment started in its
+    workdir: with no checkpoint the plan was "new", and the old summary.json (and recorded norms,
+    TensorBoard) stayed, so a rerun after a kill between the final checkpoint and the summary
+    returned the old experiment's numbers as the new one's ``recorded`` result."""
+    train_src, eval_src = _sources()
+    base = {**CONFIG, "checkpoint_every": 0, "plots": False}
+    train(base, model=Net(), train_data=train_src, eval_data=eval_src, workdir=str(tmp_path))
+    assert (tmp_path / "summary.json").exists()
+    shutil.rmtree(tmp_path / "checkpoints")
+    other = {**base, "optimizer": {**base["optimizer"], "learning_rate": 0.01}, "checkpoint_every": 4}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(other, model=Net(), train_data=CrashAt(train_src, 6, "crash"), eval_data=eval_src,
+              workdir=str(tmp_path))
+    assert not (tmp_path / "summary.json").exists()
+    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the new run's, up to the crash

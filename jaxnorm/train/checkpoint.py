@@ -140,11 +140,19 @@ def sync_processes(name: str) -> None:
 def process_flags(flag: bool) -> np.ndarray:
     """``flag`` of every process of a multi-process run, in process order (one small all-gather;
     ``[flag]`` with one process): what lets every process take the same decision."""
+    return process_values(np.asarray(flag))
+
+
+def process_values(value: np.ndarray) -> np.ndarray:
+    """The small array ``value`` of every process, stacked in process order (one all-gather; shape
+    ``(process_count, *value.shape)``)."""
+    value = np.asarray(value)
     if jax.process_count() == 1:
-        return np.asarray([flag])
+        return value[None]
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(np.asarray(flag))).reshape(-1)
+    gathered = multihost_utils.process_allgather(value)
+    return np.asarray(gathered).reshape(jax.process_count(), *value.shape)
 
 
 class StopSignal:

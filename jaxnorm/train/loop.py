@@ -56,6 +56,7 @@ from jaxnorm.train.run_checks import (
     agreed_by_every_process,
     check_batch_norm_axis,
     check_eval_source_complete,
+    check_one_experiment,
     check_padded_training,
     check_parallel_mode,
     check_source_processes,
@@ -65,6 +66,7 @@ from jaxnorm.train.run_record import (
     SUMMARY_FILE,
     RunPlan,
     discard_run,
+    experiment_digest,
     now,
     plan_run,
     read_json,
@@ -222,6 +224,8 @@ def train(
     steps = total_steps(cfg, train_data.steps_per_epoch)
     check_accumulation(cfg.optimizer, steps)
     identity = run_identity(model, train_data, eval_data)
+    with agreed_by_every_process("the experiment's agreement"):
+        check_one_experiment(experiment_digest(cfg, identity, steps))
     plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)
     hook = params_hook_for(cfg, model, images)
@@ -298,12 +302,16 @@ def _open_workdir(
     workdir: str, cfg: ml_collections.ConfigDict, steps: int, primary: bool, identity: dict[str, Any]
 ) -> RunPlan:
     """Checks ``workdir`` against the run record (raising for another experiment: config, model or
-    training data), discards the old run on ``on_existing='restart'``, and writes the updated record;
-    every process decides alike."""
-    plan = plan_run(workdir, cfg, steps, identity)
+    data), discards the old run's outputs where there is nothing to continue or on
+    ``on_existing='restart'``, and writes the updated record; every process decides alike."""
+    with agreed_by_every_process(f"the checks of {workdir}"):
+        plan = plan_run(workdir, cfg, steps, identity)
     sync_processes("jaxnorm_run_planned")  # every process has read the old record
     if primary:
-        if plan.action == "restart":
+        # nothing to continue ("new": no checkpoint) or discarded: an earlier run's summary, metrics,
+        # recorded norms and TensorBoard would pass for this one's (a finished run's summary.json was
+        # returned as the result of another experiment run in its workdir after its checkpoints went)
+        if plan.action in ("new", "restart"):
             discard_run(workdir)
         write_json(f"{workdir}/{RUN_FILE}", plan.record)
     sync_processes("jaxnorm_run_recorded")

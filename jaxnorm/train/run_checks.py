@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxnorm.train.checkpoint import process_flags
+from jaxnorm.train.checkpoint import process_flags, process_values
 
 PyTree = Any
 
@@ -38,6 +38,26 @@ def agreed_by_every_process(what: str) -> Iterator[None]:
         )
     if failure is not None:
         raise failure
+
+
+def check_one_experiment(digest: str) -> None:
+    """``ValueError`` on every process when the processes of a run were started with different
+    experiments (their :func:`~jaxnorm.train.run_record.experiment_digest`: the config's keys that
+    change what is computed, the model, the data): each would train its own copy of the state,
+    identical by construction only if the commands are, and ``run.json`` would record process 0's
+    alone. Nothing with one process."""
+    # 16-bit pieces in int32: an all-gather without x64 holds no 64-bit integer
+    pieces = np.asarray([int(digest[i : i + 4], 16) for i in range(0, len(digest), 4)], np.int32)
+    digests = [tuple(row) for row in process_values(pieces).tolist()]
+    if len(set(digests)) > 1:
+        groups: dict[tuple, list[int]] = {}
+        for index, value in enumerate(digests):
+            groups.setdefault(value, []).append(index)
+        raise ValueError(
+            f"the processes {' / '.join(map(str, groups.values()))} were started with different "
+            "experiments (config, model or data); start every process with the same command (only "
+            "distributed.process_id may differ)"
+        )
 
 
 def check_source_processes(source: Any, what: str) -> None:

@@ -1,15 +1,17 @@
 """What a run directory holds and whether a restart may continue it.
 
 ``<workdir>/run.json`` records what the run is: the resolved config, its length in steps and the
-number of steps its learning-rate schedule was built for, the jaxnorm version and git commit, the
-jax / flax / optax / orbax versions, the devices, the process count, and one entry per session (start
-time and start step). ``<workdir>/summary.json`` holds the final (or, after a preemption, partial)
+number of steps its learning-rate schedule was built for, and one entry per session (start time,
+jaxnorm version and git commit, jax / jaxlib / flax / optax / orbax versions, the devices and the
+process count). ``<workdir>/summary.json`` holds the final (or, after a preemption, partial)
 summary with its timings.
 
 On start, :func:`plan_run` compares the new config with the recorded one, and the run's identity
-(:func:`run_identity`: the model passed to :func:`jaxnorm.train.train`, as its ``repr``, and the size of
-the training data), which the config does not hold when the model is built in Python. The config key
-``on_existing`` says what may happen to a workdir that already holds a run (checkpoints):
+(:func:`run_identity`: the model passed to :func:`jaxnorm.train.train`, as its ``repr``, and the size and
+fingerprint of the training and eval data), which the config does not hold when the model is built in
+Python. A workdir without checkpoints holds nothing to continue: the outputs of an earlier run there
+are discarded. The config key ``on_existing`` says what may happen to a workdir that already holds a
+run (checkpoints):
 
 * ``"resume"`` (default): continue it if it is the same experiment; otherwise stop with an error that
   names the differing keys.
@@ -27,6 +29,7 @@ may differ between sessions.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -122,6 +125,16 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _is_execution_key(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in EXECUTION_KEYS)
+
+
+def experiment_digest(config: Mapping[str, Any], identity: Mapping[str, Any] | None, total_steps: int) -> str:
+    """A digest (BLAKE2b, 16 hex digits) of what a run computes: the config without its
+    :data:`EXECUTION_KEYS`, the :func:`run_identity` and the run's length; the processes of a
+    multi-process run compare it (:func:`jaxnorm.train.run_checks.check_one_experiment`)."""
+    computed = {k: v for k, v in _flatten(config_dict(config)).items() if not _is_execution_key(k)}
+    what = {"config": computed, "identity": identity, "total_steps": int(total_steps)}
+    text = json.dumps(what, sort_keys=True, default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
