@@ -226,6 +226,29 @@ def test_batch_that_does_not_fit_the_split_fails_in_validate():
         experiment.validate(config)
 
 
+@pytest.mark.parametrize(
+    ("train_split", "eval_split"),
+    [("train", "validation"), ("train", "train[-10000:]"), ("train[:100]", "train[50:]")],
+)
+def test_an_eval_split_that_holds_training_examples_fails_in_validate(train_split, eval_split):
+    """validation is train[-10000:]: a run trained on train and evaluated on validation reported its
+    accuracy on training examples, and a learning rate chosen that way passed --select."""
+    splits = [f"--config.dataset.train_split={train_split}", f"--config.dataset.eval_split={eval_split}"]
+    config = cli.load_config("fmnist_norms", ["--config.sweep.key=", *splits])
+    with pytest.raises(ValueError, match=r"config.dataset.eval_split=.* shares examples with"):
+        experiment.validate(config)
+
+
+def test_which_splits_share_training_examples():
+    from jaxnorm import data
+
+    overlap = lambda a, b: data.splits_overlap("fashion_mnist", a, b)
+    assert overlap("train", "validation") and overlap("validation[:50%]", "train[-6000:]")
+    assert not overlap("train_minus_validation", "validation") and not overlap("train", "test")
+    assert not overlap("train[:512]", "validation[:512]") and not overlap("train[:50]+test", "train[50:100]")
+    assert overlap("train[:50]+test", "train[49:100]")
+
+
 def test_sweep_checks_every_run_before_any_trains(tmp_path):
     """On 4 devices a batch of 126 cannot be split: the sweep stops before its first run trains (today
     the 128 run trained first, after loading the data)."""

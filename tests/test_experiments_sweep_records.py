@@ -360,6 +360,12 @@ def test_select_refuses_runs_evaluated_on_a_test_split(tmp_path):
     _write(path, [{**_run("a", 0, 0.5, {"lr": 0.1}), **on_validation},
                   {**_run("a", 0, 0.6, {"lr": 0.01}), **on_validation}])
     assert resume_grid.select(str(path), "lr", "a", {}) == 0.01
+    trained_on_it = {"run_config": {"dataset": {"name": "fashion_mnist", "train_split": "train",
+                                                "eval_split": "validation"}}}
+    _write(path, [{**_run("a", 0, 0.5, {"lr": 0.1}), **trained_on_it},
+                  {**_run("a", 0, 0.6, {"lr": 0.01}), **trained_on_it}])
+    with pytest.raises(ValueError, match=r"evaluated on 'validation', part of its train split 'train'"):
+        resume_grid.select(str(path), "lr", "a", {})
 
 
 def test_a_cut_jsonl_line_is_named_with_its_file(tmp_path):

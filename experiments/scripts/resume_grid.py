@@ -75,6 +75,7 @@ from experiments.scripts.records import (
     run_identity,
     split_values,
 )
+from jaxnorm import data
 from jaxnorm.train import experiment
 from jaxnorm.train.run_record import config_dict, config_differences
 
@@ -196,13 +197,20 @@ def select(path: str, key: str, variant: str, point: dict[str, Any], *, config: 
 
 def check_selection_split(runs: Sequence[dict[str, Any]], where: str) -> None:
     """``ValueError`` when a selection run was evaluated on a test split (its recorded
-    ``run_config.dataset.eval_split`` names ``test``): a value chosen there and then reported on the
-    test split is chosen on the test set. Runs recorded without ``run_config`` are taken as they are."""
+    ``run_config.dataset.eval_split`` names ``test``: a value chosen there and then reported on the
+    test split is chosen on the test set) or on examples it trained on (``train`` with
+    ``validation``: :func:`jaxnorm.data.splits_overlap`). Runs recorded without ``run_config`` are
+    taken as they are."""
     for r in runs:
-        split = str(r.get("run_config", {}).get("dataset", {}).get("eval_split", ""))
-        if "test" in split:
+        dataset = r.get("run_config", {}).get("dataset", {})
+        split = str(dataset.get("eval_split", ""))
+        trained = str(dataset.get("train_split", ""))
+        known = bool(split and trained) and dataset.get("name") in data.names()
+        overlap = known and data.splits_overlap(dataset["name"], trained, split)
+        if "test" in split or overlap:
+            seen = f"{split!r}, part of its train split {trained!r}" if overlap else repr(split)
             raise ValueError(
-                f"{where} were evaluated on {split!r}: a selection must be made on a validation split "
+                f"{where} were evaluated on {seen}: a selection must be made on a validation split "
                 "(--set dataset.train_split=train_minus_validation dataset.eval_split=validation)"
             )
 

@@ -13,7 +13,7 @@ from jaxnorm.data.catalog import AUGMENTATIONS, DatasetInfo, info, names, resolv
 from jaxnorm.data.cifar10_jpeg import prepare_cifar10_jpeg
 from jaxnorm.data.fashion_mnist import prepare_fashion_mnist
 from jaxnorm.data.paths import DATA_DIR_ENV, DatasetNotFoundError, resolve_data_dir
-from jaxnorm.data.pipeline import load
+from jaxnorm.data.pipeline import load, splits_overlap
 from jaxnorm.data.tfds_io import check_prepared
 
 __all__ = [
@@ -35,5 +35,6 @@ __all__ = [
     "random_flip",
     "resolve_augment",
     "resolve_data_dir",
+    "splits_overlap",
     "standardize",
 ]

@@ -20,7 +20,16 @@ from jaxnorm.data.imagenet import ImageNetDataset
 from jaxnorm.data.paths import resolve_data_dir
 from jaxnorm.functional.checks import check_bool
 
-__all__ = ["DERIVED_SPLITS", "ArrayDataset", "Batch", "Dataset", "load", "standardize", "tfds_split"]
+__all__ = [
+    "DERIVED_SPLITS",
+    "ArrayDataset",
+    "Batch",
+    "Dataset",
+    "load",
+    "splits_overlap",
+    "standardize",
+    "tfds_split",
+]
 
 
 DERIVED_SPLITS = ("validation", "train_minus_validation")
@@ -72,6 +81,32 @@ def _resolve_part(name: str, spec, part: str, split: str) -> str:
     if derived == "validation":  # train[-V + start : -V + stop]
         return f"{train}[{start - n_val}:{stop - n_val or ''}]"
     return f"{train}[{start or ''}:{stop if stop < size else -n_val}]"
+
+
+def splits_overlap(name: str, first: str, second: str) -> bool:
+    """Whether two splits of dataset ``name`` share examples of its train split (``validation`` is part
+    of ``train``; ``train[:100]`` and ``train[50:]`` share 50). Parts of other splits (``test``) are
+    taken as disjoint from the train split's; a train slice whose bounds are no ``[start:stop]``
+    (shards, a single index) counts as all of train."""
+    ranges = [_train_ranges(name, split) for split in (first, second)]
+    return any(a < d and c < b for a, b in ranges[0] for c, d in ranges[1])
+
+
+def _train_ranges(name: str, split: str) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` ranges of ``name``'s train split that ``split`` reads."""
+    info = catalog.spec(name).info
+    ranges = []
+    for part in tfds_split(name, split).split("+"):
+        match = _PART.match(part.strip())
+        if not match or match["name"] != info.train_split:
+            continue
+        try:
+            selector = match["selector"]
+            whole = (0, info.num_train_examples)
+            ranges.append(whole if selector is None else _slice_bounds(selector, whole[1], split))
+        except ValueError:
+            ranges.append((0, info.num_train_examples))
+    return ranges
 
 
 def _slice_bounds(selector: str, size: int, where: str) -> tuple[int, int]:

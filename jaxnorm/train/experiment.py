@@ -203,10 +203,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Checks everything about a run config that needs no data, with one-line messages naming the
     key: precision, parallelism, dataset name, augmentation and availability, model name and options,
     batch sizes against the device and process counts, run length against ``warmup_steps``, the
-    loop's hooks (``init_examples``, ``implicit_enorm``, the ``enorm`` wrapper's ``c``), and the
-    optimizer. The experiment runner calls it for every run of a sweep before any of them trains
-    (whether the dataset is prepared: :func:`jaxnorm.data.check_prepared`, which the command line
-    runs first)."""
+    loop's hooks (``init_examples``, ``implicit_enorm``, the ``enorm`` wrapper's ``c``), the optimizer,
+    and that the eval split holds no training example (:func:`jaxnorm.data.splits_overlap`). The
+    experiment runner calls it for every run of a sweep before any of them trains (whether the dataset
+    is prepared: :func:`jaxnorm.data.check_prepared`, which the command line runs first)."""
     from jaxnorm import data
 
     compute_dtype(config.precision)
@@ -221,6 +221,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
         data.resolve_augment(ds.name, ds.augment or None)
     except ValueError as e:
         raise ValueError(f"config.dataset.augment: {e}") from e
+    if data.splits_overlap(ds.name, ds.train_split, ds.eval_split):
+        raise ValueError(
+            f"config.dataset.eval_split={ds.eval_split!r} shares examples with config.dataset.train_split="
+            f"{ds.train_split!r} (validation is the end of train): its accuracy would be measured on "
+            "training examples; train on 'train_minus_validation' to evaluate on 'validation', or "
+            "evaluate on 'test'"
+        )
     config_checks.check_known_keys(config, default_config())
     config_checks.check_loop_settings(config)
     config_checks.check_model_options(config)
