@@ -519,3 +519,21 @@ def test_a_new_run_in_a_workdir_without_checkpoints_leaves_nothing_of_the_old_on
     assert not (tmp_path / "summary.json").exists()
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]  # the new run's, up to the crash
+
+
+def test_a_second_session_on_a_workdir_in_use_is_refused(tmp_path):
+    """Two sessions of one run started at once (a requeued job while the first still runs) both
+    trained to the end and wrote every step twice into one metrics.jsonl; the lock makes the second
+    raise, naming the holder, and the operating system frees it when the holder ends."""
+    from jaxnorm.train.run_record import WorkdirLock
+
+    first = WorkdirLock(str(tmp_path))
+    first.acquire()
+    train_src, eval_src = _sources()
+    config = {**CONFIG, "checkpoint_every": 0, "plots": False}
+    in_use = rf"{tmp_path} is in use by another session of this run \(pid {os.getpid()}"
+    with pytest.raises(ValueError, match=in_use):
+        train(config, model=Net(), train_data=train_src, eval_data=eval_src, workdir=str(tmp_path))
+    assert not (tmp_path / "run.json").exists()  # the second session touched nothing
+    first.release()
+    assert train(config, model=Net(), train_data=train_src, workdir=str(tmp_path)).summary["steps"] == 12

@@ -65,6 +65,7 @@ from jaxnorm.train.run_record import (
     RUN_FILE,
     SUMMARY_FILE,
     RunPlan,
+    WorkdirLock,
     discard_run,
     experiment_digest,
     now,
@@ -219,13 +220,37 @@ def train(
             parallel.check_batch_size(eval_data.global_batch_size, "eval batch_size")
             check_source_processes(eval_data, "eval_data")
             check_eval_source_complete(eval_data)
-    primary = jax.process_index() == 0
-    report = print if primary else _silent
     steps = total_steps(cfg, train_data.steps_per_epoch)
     check_accumulation(cfg.optimizer, steps)
     identity = run_identity(model, train_data, eval_data)
     with agreed_by_every_process("the experiment's agreement"):
         check_one_experiment(experiment_digest(cfg, identity, steps))
+    lock = WorkdirLock(workdir if jax.process_index() == 0 else None)
+    with agreed_by_every_process(f"the lock of {workdir}"):
+        lock.acquire()
+    try:
+        return _train_session(
+            cfg, model, train_data, eval_data, workdir, parallel, invariance_model, steps, identity
+        )
+    finally:
+        lock.release()
+
+
+def _train_session(
+    cfg: ml_collections.ConfigDict,
+    model: Any,
+    train_data: BatchSource,
+    eval_data: BatchSource | None,
+    workdir: str | None,
+    parallel: DataParallel,
+    invariance_model: Any,
+    steps: int,
+    identity: dict[str, Any],
+) -> RunResult:
+    """The session of :func:`train` after its checks, under the workdir's lock: plan, init, restore,
+    train, write the outputs."""
+    primary = jax.process_index() == 0
+    report = print if primary else _silent
     plan = _open_workdir(workdir, cfg, steps, primary, identity) if workdir is not None else None
     images = _first_images(train_data)
     hook = params_hook_for(cfg, model, images)

@@ -29,12 +29,14 @@ may differ between sessions.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -44,6 +46,7 @@ import jax
 ON_EXISTING = ("resume", "extend", "restart", "error")
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".lock"
 # Config keys (dotted prefixes) that may change between sessions of one run.
 EXECUTION_KEYS = (
     "on_existing",
@@ -97,6 +100,41 @@ class RunPlan(NamedTuple):
     schedule_steps: int
     record: dict[str, Any]
     recorded_steps: int | None
+
+
+class WorkdirLock:
+    """An exclusive lock on ``<workdir>/.lock`` (``fcntl.flock``) that one session of a run holds from
+    before it reads the run record to its end. A second session started on the same workdir (a
+    requeued job while the first still runs) raises ``ValueError`` naming the holder instead of
+    training beside it (both appended every step to one metrics.jsonl, and a new run's start discards
+    the outputs the other writes). The operating system releases the lock when the holder exits, even
+    killed, so no stale lock outlives it. Taken by the primary process only (``workdir=None``: none)."""
+
+    def __init__(self, workdir: str | None):
+        self.workdir, self._fd = workdir, None
+
+    def acquire(self) -> None:
+        if self.workdir is None:
+            return
+        os.makedirs(self.workdir, exist_ok=True)
+        fd = os.open(os.path.join(self.workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ValueError(
+                f"{self.workdir} is in use by another session of this run ({holder}); wait for it to end, "
+                "or use another workdir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now()}".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
 
 
 def now() -> str:
