@@ -112,6 +112,21 @@ def test_unit_variance_in_unit_variance_out():
     assert float(jnp.mean(layer.apply(variables, x[0]) ** 2)) == pytest.approx(1.0, rel=1e-2)
 
 
+def test_default_mp_layers_have_unit_norm_kernels_as_edm2s_randn_init_gives():
+    """EDM2 initialises the stored v standard normal (torch.randn): its eps = 1e-4 on the per-element
+    RMS is then negligible. flax's lecun_normal default (RMS 1 / sqrt(fan_in)) made eps shrink each
+    kernel by eps sqrt(fan_in): per-unit norm 0.9933 at fan-in 4608, and 30 stacked MPDense(4096)
+    layers ended at output RMS 0.81 instead of 1."""
+    x = jnp.ones((1, 4608))
+    kernel = jnn.MPDense(8).init(jax.random.key(0), x)["params"]["kernel"]
+    norms = jnp.linalg.norm(F.mp_weight(kernel), axis=0)
+    np.testing.assert_allclose(norms, 1.0, atol=2e-4)  # eps sqrt(fan_in) / ||v|| ~ 1e-4
+    twin = jnnx.MPDense(4608, 8, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(jnp.linalg.norm(F.mp_weight(twin.kernel.value), axis=0), 1.0, atol=2e-4)
+    conv = jnn.MPConv(4, (3, 3)).init(jax.random.key(1), jnp.ones((1, 8, 8, 512)))["params"]["kernel"]
+    np.testing.assert_allclose(jnp.linalg.norm(F.mp_weight(conv).reshape(-1, 4), axis=0), 1.0, atol=2e-4)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

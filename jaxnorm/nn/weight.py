@@ -281,7 +281,8 @@ class _MagnitudePreserving(nn.Module):
     """Magnitude-preserving layer with forced weight normalization (Karras et al. 2024, EDM2, Sec. 3.2):
     ``W = gain * v / ||v||`` per output unit (:func:`jaxnorm.functional.magnitude.mp_weight`, ``eps``
     1e-4 on the per-element RMS), so unit-variance inputs give outputs of variance ``gain^2``. No bias
-    by default, as in EDM2. The *forced* part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
+    by default and ``v`` initialised standard normal (``mp_kernel_init``), as in EDM2. The *forced*
+    part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
     weights before every step, is an optimizer transform (``jaxnorm.optim``), not the layer's."""
 
     gain: float = 1.0
@@ -291,11 +292,19 @@ class _MagnitudePreserving(nn.Module):
         return mp_weight(v, self.gain, epsilon=self.epsilon), self._bias()
 
 
+mp_kernel_init = initializers.normal(1.0)
+"""EDM2's ``torch.randn`` init of the stored ``v`` (per-element RMS 1), under which its ``eps = 1e-4`` on
+the per-element RMS is negligible. With flax's ``lecun_normal`` (RMS ``1 / sqrt(fan_in)``) the ``eps``
+shrank every kernel by ``eps sqrt(fan_in)`` (0.7 % at fan-in 4608), 19 % over 30 layers."""
+
+
 class MPDense(_MagnitudePreserving, _Dense):
     __doc__ = "Dense layer. " + _MagnitudePreserving.__doc__
     use_bias: bool = False
+    kernel_init: Initializer = mp_kernel_init
 
 
 class MPConv(_MagnitudePreserving, _Conv):
     __doc__ = "Conv layer. " + _MagnitudePreserving.__doc__
     use_bias: bool = False
+    kernel_init: Initializer = mp_kernel_init

@@ -62,6 +62,7 @@ __all__ = [
 
 GInit = Literal["norm", "ones"]
 default_kernel_init = nnx.initializers.lecun_normal()
+mp_kernel_init = nnx.initializers.normal(1.0)  # EDM2's torch.randn: jaxnorm.nn.weight.mp_kernel_init
 default_bias_init = nnx.initializers.zeros
 Metadata = Mapping[str, Any]
 
@@ -424,7 +425,8 @@ class _MagnitudePreserving:
     """Magnitude-preserving layer with forced weight normalization (Karras et al. 2024, EDM2, Sec. 3.2):
     ``W = gain * v / ||v||`` per output unit (:func:`jaxnorm.functional.magnitude.mp_weight`, ``eps``
     1e-4 on the per-element RMS), so unit-variance inputs give outputs of variance ``gain^2``. No bias
-    by default, as in EDM2. The *forced* part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
+    by default and ``v`` initialised standard normal (``mp_kernel_init``), as in EDM2. The *forced*
+    part, writing ``sqrt(fan_in) v / ||v||`` back into the stored
     weights before every step, is an optimizer transform (``jaxnorm.optim``), not the layer's."""
 
     def _init_magnitude_preserving(self, gain, epsilon):
@@ -439,7 +441,7 @@ class _MagnitudePreserving:
 class MPDense(_MagnitudePreserving, _Dense):
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = False,
                  dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-                 kernel_init: Initializer = default_kernel_init, bias_init: Initializer = default_bias_init,
+                 kernel_init: Initializer = mp_kernel_init, bias_init: Initializer = default_bias_init,
                  gain: float = 1.0, epsilon: float = 1e-4, rngs: nnx.Rngs,
                  kernel_metadata: Metadata = NO_METADATA, bias_metadata: Metadata = NO_METADATA):
         self._init_dense(in_features, out_features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
@@ -455,7 +457,7 @@ class MPConv(_MagnitudePreserving, _Conv):
                  strides: Strides = 1, *, padding: linear.Padding = "SAME", input_dilation: Strides = 1,
                  kernel_dilation: Strides = 1, feature_group_count: int = 1, use_bias: bool = False,
                  dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-                 kernel_init: Initializer = default_kernel_init, bias_init: Initializer = default_bias_init,
+                 kernel_init: Initializer = mp_kernel_init, bias_init: Initializer = default_bias_init,
                  gain: float = 1.0, epsilon: float = 1e-4, rngs: nnx.Rngs,
                  kernel_metadata: Metadata = NO_METADATA, bias_metadata: Metadata = NO_METADATA):
         self._init_conv(in_features, out_features, kernel_size, strides, padding=padding,
