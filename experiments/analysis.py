@@ -300,6 +300,8 @@ def fmt_p(p: float) -> str:
 def fmt_difference(ref_a: str, ref_b: str) -> str:
     """``+0.40, p = 0.03 (n 3/3)``: ``a - b``, Welch's p and the seed counts."""
     a, b = group(ref_a), group(ref_b)
+    if a.diverged or b.diverged:  # no difference over the seeds that survived: say so
+        return f"n/a (diverged: {a.diverged} of {a.n + a.diverged} / {b.diverged} of {b.n + b.diverged})"
     if min(a.n, b.n) == 0:
         return f"pending (n {a.n}/{b.n})"
     diff, p = welch(a, b)

@@ -414,6 +414,9 @@ def test_a_diverged_run_is_no_seed_of_its_group_whatever_accuracy_it_recorded(re
     assert analysis.fmt_group(analysis.from_values([float("nan")])) == "diverged"
     with pytest.raises(ValueError, match="diverged seeds"):
         analysis.welch(g, analysis.from_values([80.0, 81.0]))
+    # the write-up names the divergence instead of a difference (an all-diverged group was "pending")
+    _use(results_dir, "all", [{**nan_run, "seed": s} for s in range(3)])
+    assert analysis.fmt_difference("all:a", "div:a") == "n/a (diverged: 3 of 3 / 1 of 3)"
     # an epoch's accuracy is that of a diverged model where the loss up to it is not finite
     curve_run = {**_run("b", 0, 0.1), "curve": [[10, 0.1]], "train_curve": [[10, float("nan")]]}
     assert np.isnan(analysis.run_field(curve_run, "acc@1", "x"))

@@ -503,3 +503,16 @@ def test_model_options_of_the_wrong_type_are_refused_by_name(name, kwargs, messa
             "width_multiplier": 0.25}
     option = next(iter(kwargs))
     models.create(name, num_classes=10, **{option: good[option]})  # the right type is taken
+
+
+def test_mp_models_start_from_edm2s_standard_normal_kernels():
+    """norm='mp' passed the models' kernel_init (kaiming) to MPDense / MPConv, whose eps = 1e-4 on the
+    per-element RMS then shrank each layer (norm 0.9948 at fan-in 784) where EDM2's randn init keeps
+    it at 1."""
+    from jaxnorm import functional as F
+
+    model = models.create("mlp", num_classes=10, norm="mp", depth=2, width=64)
+    params = model.init(jax.random.key(0), jnp.ones((1, 28, 28, 1)), train=False)["params"]
+    for name in ("dense_0", "dense_1"):
+        norms = jnp.linalg.norm(F.mp_weight(params[name]["kernel"]), axis=0)
+        np.testing.assert_allclose(norms, 1.0, atol=3e-4)

@@ -597,3 +597,12 @@ def test_single_seed_labels_name_the_seed_drawn(tmp_path, monkeypatch):
     assert "mean abs(u) (seed 1)" in implicit and "seed 0" not in implicit
     assert common.first_seed_label({"a": _seeded_runs([3]), "b": _seeded_runs([0])}) == "seeds 3, 0"
     assert common.first_seed_label({"a": [{"eval_accuracy": 0.8}]}) == "first seed"
+
+
+def test_a_diverged_evaluation_enters_the_curves_as_a_float_nan():
+    """grid.py stored a diverged run's curve as [(2, 'nan'), ...]: its plot multiplied the string and
+    raised before --json wrote any result of the grid."""
+    history = [{"split": "train", "step": 1, "loss": "nan"}, {"split": "eval", "step": 2, "accuracy": "nan"},
+               {"split": "eval", "step": 4, "accuracy": 0.5}]
+    curve = common.eval_curve(history)
+    assert math.isnan(curve[0][1]) and curve[1] == (4, 0.5)

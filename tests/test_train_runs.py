@@ -424,3 +424,45 @@ def test_config_parallel_and_the_handed_parallelism_agree():
         train({**SHORT, "parallel": "tpu-bogus"}, model=Net(), train_data=train_src)
     with pytest.raises(ValueError, match=r"config\.parallel='pmap', but train was handed a DataParallel"):
         train({**SHORT, "parallel": "pmap"}, model=Net(), train_data=train_src, parallel=DataParallel("jit"))
+
+
+def test_a_run_with_eval_data_resumed_without_it_is_another_experiment(tmp_path):
+    """Called once with eval_data=None, a run evaluated on set A recorded an identity without eval data,
+    and then accepted set B, returning A's recorded accuracy as B's."""
+    train_src, _ = _sources()
+    evaluate_on = lambda seed: ArraySource(_data(100, seed), 50, shuffle=False, drop_remainder=False)
+    run = lambda eval_src: train(SHORT, model=NormNet(p=2), train_data=train_src, eval_data=eval_src,
+                                 workdir=str(tmp_path))
+    run(evaluate_on(1))
+    with pytest.raises(ValueError, match=r"holds a different experiment \(eval_data: {.*} -> None\)"):
+        run(None)
+
+
+def test_a_config_holding_a_function_is_the_same_experiment_in_every_session():
+    """repr() of a function holds its address, another in every process and session: a config with an
+    initializer (model.kwargs.kernel_init) made two processes of one run refuse each other, and a
+    workdir refuse its own run on resume."""
+    from jaxnorm.train.run_record import config_dict, experiment_digest
+
+    init = jax.nn.initializers.he_normal()
+    config = {"model": {"kwargs": {"kernel_init": init, "sizes": frozenset({3, 1, 2})}}}
+    assert " at 0x" not in json.dumps(config_dict(config))
+    assert config_dict(config)["model"]["kwargs"]["sizes"] == [1, 2, 3]
+    again = {"kernel_init": jax.nn.initializers.he_normal(), "sizes": frozenset({1, 2, 3})}
+    assert experiment_digest(config, None, 10) == experiment_digest({"model": {"kwargs": again}}, None, 10)
+
+
+def test_a_workdir_on_a_filesystem_without_flock_trains_with_a_warning(tmp_path, monkeypatch, capsys):
+    """NFS without lockd or Lustre mounted noflock answer flock with ENOLCK / ENOSYS: the lock stopped
+    every run there; it is skipped with a warning."""
+    import errno
+
+    from jaxnorm.train import run_record
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_record.fcntl, "flock", no_flock)
+    train_src, eval_src = _sources()
+    result = train(SHORT, model=NormNet(p=2), train_data=train_src, eval_data=eval_src, workdir=str(tmp_path))
+    assert result.summary["steps"] > 0 and "cannot be locked" in capsys.readouterr().out

@@ -295,3 +295,16 @@ def test_rescaling_steps_carry_the_running_statistics_along():
     assert float(jnp.linalg.norm(state.params["Dense_0"]["kernel"], axis=0).min()) > 3
     np.testing.assert_allclose(eval_logits(carried), eval_logits(reference), rtol=1e-4, atol=1e-4)
     assert float(jnp.abs(eval_logits(stale) - eval_logits(reference)).max()) > 0.1
+
+
+def test_correct_predictions_is_nan_only_where_the_largest_logit_is_undefined():
+    """NaN logits (argmax picks class 0) and a tie at +inf have no prediction; -inf logits (log-
+    probabilities) and one +inf do: a float16 run whose logits held -inf scored NaN at finite loss."""
+    from jaxnorm.train import correct_predictions
+
+    inf, nan = jnp.inf, jnp.nan
+    logits = jnp.array(
+        [[nan, 1.0, 0.0], [-inf, 0.0, -inf], [inf, 0.0, inf], [0.0, inf, 1.0], [2.0, 1.0, 0.0]]
+    )
+    got = correct_predictions(logits, jnp.array([0, 1, 0, 1, 1]))
+    np.testing.assert_array_equal(got, [nan, 1.0, nan, 1.0, 0.0])

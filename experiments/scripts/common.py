@@ -207,6 +207,12 @@ def hidden_norm_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
     return curve
 
 
+def eval_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """``[(step, test accuracy)]`` at every evaluation, as floats: a diverged evaluation is recorded as
+    the string "nan" (``metrics._jsonable``), which the plots and the analysis would multiply."""
+    return [(r["step"], float(r["accuracy"])) for r in history if r["split"] == "eval"]
+
+
 def train_loss_curve(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
     """``[(step, mean train loss)]`` at every evaluation: the training loss averaged over the steps
     since the previous evaluation (with one evaluation per epoch, each epoch's mean train loss;
@@ -280,7 +286,7 @@ def run_one(
     norms = recorded_norms(result.state.opt_state)
     if records and norms is not None:
         save_recorded_norms(os.path.join(records, name), norms)
-    evals = [(r["step"], r["accuracy"]) for r in result.history if r["split"] == "eval"]
+    evals = eval_curve(result.history)
     out = {
         **result.summary,
         "final_l2": kernel_l2(result.state.params),

@@ -57,6 +57,7 @@ import numpy as np
 
 from jaxnorm import nn as jnn
 from jaxnorm.functional.checks import is_real
+from jaxnorm.nn.weight import mp_kernel_init
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -254,8 +255,8 @@ class NormLayers:
             layer = jnn.ScaledWeightNormConv(gain=gain, use_bias=True, **common)
         elif norm == "bwn":
             layer = jnn.BoundedWeightNormConv(use_bias=False, **common)
-        elif norm == "mp":
-            layer = jnn.MPConv(**common)
+        elif norm == "mp":  # EDM2's standard-normal v (jnn.weight.mp_kernel_init), whatever kernel_init
+            layer = jnn.MPConv(**{**common, "kernel_init": mp_kernel_init})
         else:
             layer = nn.Conv(use_bias=not self.has_activation_norm, **common)
         x = layer(x)
@@ -280,7 +281,7 @@ class NormLayers:
         elif norm == "bwn":
             layer = jnn.BoundedWeightNormDense(use_bias=False, **common)
         elif norm == "mp":
-            layer = jnn.MPDense(**common)
+            layer = jnn.MPDense(**{**common, "kernel_init": mp_kernel_init})
         else:
             layer = nn.Dense(use_bias=not self.has_activation_norm, **common)
         x = self._apply_norm(layer(x), train=train, name=name + "_norm")

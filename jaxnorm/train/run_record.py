@@ -127,6 +127,10 @@ class WorkdirLock:
                 f"{self.workdir} is in use by another session of this run ({holder}); wait for it to end, "
                 "or use another workdir"
             ) from None
+        except OSError as error:  # a filesystem without flock (NFS without lockd, Lustre noflock)
+            os.close(fd)
+            print(f"warning: {self.workdir} cannot be locked ({error}); a second session is not stopped")
+            return
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now()}".encode())
         self._fd = fd
@@ -143,11 +147,19 @@ def now() -> str:
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """``config`` (ConfigDict or mapping) as plain JSON values: tuples become lists, other objects
-    their ``repr``."""
+    """``config`` (ConfigDict or mapping) as plain JSON values: tuples become lists, sets sorted lists,
+    other objects their ``repr`` without memory addresses (``<function f at 0x7f...>``: another in
+    every process and session, so a config holding an initializer differed from itself)."""
     if hasattr(config, "to_dict"):
         config = config.to_dict()
-    return json.loads(json.dumps(config, default=repr, sort_keys=True))
+    return json.loads(json.dumps(config, default=_stable_repr, sort_keys=True))
+
+
+def _stable_repr(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        plain = (v if isinstance(v, str | int | float) else _stable_repr(v) for v in value)
+        return sorted(plain, key=repr)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -195,15 +207,16 @@ def run_identity(model: Any, train_data: Any, eval_data: Any = None) -> dict[str
     module's attributes, nested modules included; memory addresses of functions left out, whitespace
     collapsed); the training data's number of examples, global batch size and ``fingerprint`` (a digest
     of its examples, :attr:`jaxnorm.data.ArraySource.fingerprint`), and the eval data's number of
-    examples and fingerprint (not its batch size: the evaluation is exact at any), each where the source
-    says it."""
+    examples and fingerprint (not its batch size: the evaluation is exact at any; ``None`` without eval
+    data), each where the source says it."""
     description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
     identity = {
         "model": " ".join(description.split()),
         "train_data": _source_identity(train_data, ("num_examples", "global_batch_size")),
     }
-    if eval_data is not None:
-        identity["eval_data"] = _source_identity(eval_data, ("num_examples",))
+    # None, not absent, without eval data: a run evaluated on one set and resumed without any (then
+    # with another) would otherwise pass; an absent key is a run recorded before eval data was
+    identity["eval_data"] = None if eval_data is None else _source_identity(eval_data, ("num_examples",))
     return identity
 
 
@@ -226,13 +239,17 @@ def identity_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] |
     """``{key: (old, new)}`` of two :func:`run_identity` values (none where either is unknown: a run
     recorded before identities were, or a check without a model; of the data, what both know: a
     wrapper of a source may not say its number of examples, a run recorded before fingerprints or
-    without eval data has none)."""
+    before eval data was recorded has none); eval data on one side and none (``None``) on the other
+    differ."""
     if not old or not new:
         return {}
     differences = {}
     if old.get("model") != new.get("model"):
         differences["model"] = (old.get("model"), new.get("model"))
     for data in _DATA:
+        if data in old and data in new and (old[data] is None) != (new[data] is None):
+            differences[data] = (old[data], new[data])
+            continue
         old_data, new_data = old.get(data) or {}, new.get(data) or {}
         common = sorted(set(old_data) & set(new_data))
         if any(old_data[k] != new_data[k] for k in common):

@@ -38,13 +38,16 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def correct_predictions(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per example: 1.0 where the largest logit is the label's, 0.0 where it is not, and NaN where any
-    of the example's logits is not finite. The argmax of NaN logits is class 0, so a diverged model
-    would otherwise score the share of class 0 in the data (10 % on a balanced 10-class split) and pass
-    for a trained one; with NaN its accuracy is NaN, as its loss is."""
-    finite = jnp.all(jnp.isfinite(logits), axis=-1)
+    """Per example: 1.0 where the largest logit is the label's, 0.0 where it is not, and NaN where the
+    largest logit is undefined: a NaN logit, or a tie at +inf (``-inf`` logits, as log-probabilities
+    hold, are fine). ``argmax`` of NaN logits is class 0, so a diverged model would otherwise score the
+    share of class 0 in the data (10 % on a balanced 10-class split) and pass for a trained one; with
+    NaN its accuracy is NaN, as its loss is."""
+    top = jnp.max(logits, axis=-1)
+    tied_at_inf = (top == jnp.inf) & (jnp.sum(logits == jnp.inf, axis=-1) > 1)
+    undefined = jnp.any(jnp.isnan(logits), axis=-1) | tied_at_inf
     hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    return jnp.where(finite, hit, jnp.nan)
+    return jnp.where(undefined, jnp.nan, hit)
 
 
 def _pmean(x: PyTree, axis_name: str | None) -> PyTree:
