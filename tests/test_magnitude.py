@@ -122,7 +122,7 @@ def test_default_mp_layers_have_unit_norm_kernels_as_edm2s_randn_init_gives():
     norms = jnp.linalg.norm(F.mp_weight(kernel), axis=0)
     np.testing.assert_allclose(norms, 1.0, atol=2e-4)  # eps sqrt(fan_in) / ||v|| ~ 1e-4
     twin = jnnx.MPDense(4608, 8, rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(jnp.linalg.norm(F.mp_weight(twin.kernel.value), axis=0), 1.0, atol=2e-4)
+    np.testing.assert_allclose(jnp.linalg.norm(F.mp_weight(twin.kernel[...]), axis=0), 1.0, atol=2e-4)
     conv = jnn.MPConv(4, (3, 3)).init(jax.random.key(1), jnp.ones((1, 8, 8, 512)))["params"]["kernel"]
     np.testing.assert_allclose(jnp.linalg.norm(F.mp_weight(conv).reshape(-1, 4), axis=0), 1.0, atol=2e-4)
 
