@@ -110,7 +110,7 @@ class ArraySource(Dataset):
     @functools.cached_property
     def fingerprint(self) -> str | None:
         """A digest of the examples: BLAKE2b (16 hex digits) over every array's key, dtype, shape and
-        bytes, in key order, computed once, when first asked (about 0.2 s for 200 MB). A resumed run
+        bytes, in key order, computed once, when first asked (one pass over the arrays). A resumed run
         compares it (:func:`jaxnorm.train.run_record.run_identity`), so that two sources of one size,
         e.g. a validation and a test set, are told apart. ``None`` for arrays of Python objects (their
         bytes are addresses). The ``transform`` is not part of it."""
