@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.scripts import common
+from experiments.scripts.records import diverged
 from jaxnorm import data
 from jaxnorm.enorm import discover
 from jaxnorm.train import experiment
@@ -217,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 accs = results[optimizer][batch][name] = {}
                 for seed in dict.fromkeys(args.seeds):  # a seed given twice is run (and counted) once
                     r = common.run_one(base, {**cell, **with_spec(overrides, spec)}, seed)
-                    accs[seed] = r["eval_accuracy"] if np.isfinite(r["train_loss"]) else float("nan")
+                    accs[seed] = float("nan") if diverged(r) else r["eval_accuracy"]
                     print(
                         f"{optimizer} batch {batch} {name} seed {seed}: test acc "
                         f"{100 * r['eval_accuracy']:.2f}%, train loss {r['train_loss']:.3f}, "

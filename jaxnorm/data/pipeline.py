@@ -95,6 +95,7 @@ def splits_overlap(name: str, first: str, second: str) -> bool:
 def _train_ranges(name: str, split: str) -> list[tuple[int, int]]:
     """The ``[start, stop)`` ranges of ``name``'s train split that ``split`` reads."""
     info = catalog.spec(name).info
+    whole = (0, info.num_train_examples)
     ranges = []
     for part in tfds_split(name, split).split("+"):
         match = _PART.match(part.strip())
@@ -102,10 +103,9 @@ def _train_ranges(name: str, split: str) -> list[tuple[int, int]]:
             continue
         try:
             selector = match["selector"]
-            whole = (0, info.num_train_examples)
             ranges.append(whole if selector is None else _slice_bounds(selector, whole[1], split))
         except ValueError:
-            ranges.append((0, info.num_train_examples))
+            ranges.append(whole)
     return ranges
 
 

@@ -222,9 +222,13 @@ def train(
             check_eval_source_complete(eval_data)
     steps = total_steps(cfg, train_data.steps_per_epoch)
     check_accumulation(cfg.optimizer, steps)
-    identity = run_identity(model, train_data, eval_data)
-    with agreed_by_every_process("the experiment's agreement"):
-        check_one_experiment(experiment_digest(cfg, identity, steps))
+    # the identity (its fingerprints read the whole data once) serves the run record and the processes'
+    # agreement: a single-process run without a workdir needs neither
+    multi_process = jax.process_count() > 1
+    identity = run_identity(model, train_data, eval_data) if workdir is not None or multi_process else None
+    if multi_process:
+        with agreed_by_every_process("the experiment's agreement"):
+            check_one_experiment(experiment_digest(cfg, identity, steps))
     lock = WorkdirLock(workdir if jax.process_index() == 0 else None)
     with agreed_by_every_process(f"the lock of {workdir}"):
         lock.acquire()
@@ -245,7 +249,7 @@ def _train_session(
     parallel: DataParallel,
     invariance_model: Any,
     steps: int,
-    identity: dict[str, Any],
+    identity: dict[str, Any] | None,
 ) -> RunResult:
     """The session of :func:`train` after its checks, under the workdir's lock: plan, init, restore,
     train, write the outputs."""

@@ -138,7 +138,7 @@ def _metric_figure(runs: Mapping[str, Records], key: str, ylabel: str, path: str
     if title:
         fig.suptitle(title, fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the canvas takes in a legend outside the axes
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

@@ -45,7 +45,7 @@ def check_one_experiment(digest: str) -> None:
     experiments (their :func:`~jaxnorm.train.run_record.experiment_digest`: the config's keys that
     change what is computed, the model, the data): each would train its own copy of the state,
     identical by construction only if the commands are, and ``run.json`` would record process 0's
-    alone. Nothing with one process."""
+    alone. Every process must call it (one all-gather); the loop does with more than one process."""
     # 16-bit pieces in int32: an all-gather without x64 holds no 64-bit integer
     pieces = np.asarray([int(digest[i : i + 4], 16) for i in range(0, len(digest), 4)], np.int32)
     digests = [tuple(row) for row in process_values(pieces).tolist()]

@@ -183,7 +183,7 @@ def experiment_digest(config: Mapping[str, Any], identity: Mapping[str, Any] | N
     multi-process run compare it (:func:`jaxnorm.train.run_checks.check_one_experiment`)."""
     computed = {k: v for k, v in _flatten(config_dict(config)).items() if not _is_execution_key(k)}
     what = {"config": computed, "identity": identity, "total_steps": int(total_steps)}
-    text = json.dumps(what, sort_keys=True, default=repr)
+    text = json.dumps(what, sort_keys=True, default=_stable_repr)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
@@ -209,7 +209,7 @@ def run_identity(model: Any, train_data: Any, eval_data: Any = None) -> dict[str
     of its examples, :attr:`jaxnorm.data.ArraySource.fingerprint`), and the eval data's number of
     examples and fingerprint (not its batch size: the evaluation is exact at any; ``None`` without eval
     data), each where the source says it."""
-    description = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
+    description = _stable_repr(model)
     identity = {
         "model": " ".join(description.split()),
         "train_data": _source_identity(train_data, ("num_examples", "global_batch_size")),
